@@ -1,0 +1,111 @@
+"""Input validation shared by every entry point: clear errors before any tensor reaches torch.
+
+Each check names the offending values and says what to do.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from .configuration_adaflash import AdaFlashDrafterConfig
+from .decoding.sampling import SamplingParams
+
+
+def is_adaflash_drafter(model) -> bool:
+    """True for AdaFlash drafters, including copies loaded as Hub remote code (a different class object)."""
+    return getattr(getattr(model, "config", None), "model_type", None) == AdaFlashDrafterConfig.model_type
+
+
+def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
+    """Raise ValueError when ``drafter`` was not built for ``target`` (or ``tokenizer``)."""
+    if not is_adaflash_drafter(drafter):
+        raise TypeError(
+            f"assistant/drafter is a {type(drafter).__name__}, not an AdaFlashDrafter. Load one with "
+            "AdaFlashDrafter.from_pretrained(path) or build one with AdaFlashDrafter.from_target(target)."
+        )
+    text = target.config.get_text_config()
+    dc = drafter.config
+    problems = []
+    if dc.hidden_size != text.hidden_size:
+        problems.append(f"hidden size: drafter {dc.hidden_size} vs target {text.hidden_size}")
+    vocab_rows = target.get_input_embeddings().weight.shape[0]
+    if dc.vocab_size != vocab_rows:
+        problems.append(f"vocabulary: drafter {dc.vocab_size} vs target {vocab_rows} embedding rows")
+    bad_layers = [i for i in dc.target_layer_ids if not 0 <= i < text.num_hidden_layers]
+    if bad_layers:
+        problems.append(
+            f"target_layer_ids {bad_layers} out of range for a target with {text.num_hidden_layers} layers"
+        )
+    if not 0 <= dc.mask_token_id < vocab_rows:
+        problems.append(f"mask_token_id {dc.mask_token_id} outside the target vocabulary [0, {vocab_rows})")
+    if dc.block_size < 2:
+        problems.append(f"block_size {dc.block_size} < 2")
+    if tokenizer is not None and len(tokenizer) > vocab_rows:
+        problems.append(f"tokenizer has {len(tokenizer)} tokens but the target embeds only {vocab_rows}")
+    if problems:
+        raise ValueError(
+            "This drafter does not fit this target: " + "; ".join(problems) + ". Use a drafter trained for "
+            "this target, or build a fresh one with AdaFlashDrafter.from_target(target)."
+        )
+
+
+def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, streamer=None) -> torch.Tensor:
+    """Validate a batch of prompts; return the attention mask (all ones for a single row without one)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids must be a 2-D LongTensor (batch, length); got {type(input_ids).__name__}"
+            f"{'' if not isinstance(input_ids, torch.Tensor) else ' of shape ' + str(tuple(input_ids.shape))}. "
+            "Tokenize with return_tensors='pt'."
+        )
+    batch_size, length = input_ids.shape
+    if batch_size == 0 or length == 0:
+        raise ValueError(f"empty prompt batch (input_ids shape {tuple(input_ids.shape)}): give at least one token per prompt.")
+    if attention_mask is None:
+        if batch_size > 1:
+            raise ValueError(
+                f"a batch of {batch_size} prompts needs an attention_mask that marks left padding: tokenize with "
+                "tokenizer(prompts, padding=True, return_tensors='pt') and padding_side='left'."
+            )
+        return torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}.")
+    empty = (attention_mask.sum(-1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"prompt rows {empty} are empty (attention_mask all zero): give at least one token per prompt.")
+    if bool((attention_mask[:, -1] == 0).any()):
+        raise ValueError(
+            "the batch is right-padded (attention_mask ends in 0): decoder-only generation needs left padding; "
+            "set tokenizer.padding_side = 'left'."
+        )
+    if streamer is not None and batch_size > 1:
+        raise ValueError("a streamer takes one sequence; for batches use on_tokens=callback(row, token_ids).")
+    return attention_mask
+
+
+def sampling_params_from(config: GenerationConfig) -> SamplingParams:
+    """Turn a GenerationConfig into SamplingParams, refusing what speculative decoding cannot do losslessly."""
+    if config.max_new_tokens is None or config.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
+    if (config.num_beams or 1) > 1:
+        raise ValueError(f"num_beams={config.num_beams}: beam search is not speculative; use greedy or sampling.")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError(
+            f"num_return_sequences={config.num_return_sequences} is not supported; repeat the prompt in the batch instead."
+        )
+    unsupported = {
+        name: getattr(config, name)
+        for name in ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min_length", "typical_p", "min_p")
+        if getattr(config, name, None) not in (None, 0, 1.0, 1)
+    }
+    if unsupported:
+        raise ValueError(
+            f"adaflash_hf.generate does not apply {unsupported}; use target.generate(assistant_model=drafter) "
+            "after enable_adaflash(target), which applies every logits processor."
+        )
+    return SamplingParams(
+        do_sample=bool(config.do_sample),
+        temperature=config.temperature if config.do_sample and config.temperature is not None else 1.0,
+        top_k=config.top_k if config.do_sample and config.top_k else None,
+        top_p=config.top_p if config.do_sample and config.top_p is not None and config.top_p < 1.0 else None,
+    )

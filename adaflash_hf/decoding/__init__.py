@@ -1,0 +1,1 @@
+"""Speculative decoding: pure sampling/acceptance functions, verify-length policies, the batched engine."""

@@ -1,0 +1,251 @@
+"""The batched speculative-decoding engine: any batch size, per-row (ragged) acceptance, lossless.
+
+Cache layout. Target and drafter caches are rectangular (b, slots): every round appends the same
+number of slots to every row, and ``slot_mask`` (b, slots) marks which slots hold accepted tokens.
+A row that accepted fewer drafts than the best row keeps masked "holes"; its positions stay
+contiguous because position ids are tracked per row, not derived from slot indices. Slots past the
+best row's acceptance are cropped away, and a finished row is dropped from both caches, so finished
+rows cost nothing. The drafter's context slots mirror the target's one for one: the hidden states
+of the slots a verification added become the drafter's new context in the next round.
+
+Round: draft -> choose verify lengths -> verify -> accept -> crop -> update policy and streams.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+
+from .._compat import CACHE_KWARG
+from ..checks import check_pair, check_prompt_batch, sampling_params_from
+from ..modeling_adaflash import AdaFlashDrafter
+from .outputs import RoundStats, SpeculativeGenerateOutput, SpeculativeStats
+from .policy import FixedVerifyLength, VerifyLengthPolicy
+from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_accept, sample
+
+logger = logging.getLogger(__name__)
+
+TokenCallback = Callable[[int, list[int]], None]
+
+
+def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the selected target layers: hidden_states[i + 1] is layer i's output -> (b, T, n*H)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+class _Rows:
+    """Per-row decoding state of the active rows (all tensors share the batch dimension)."""
+
+    def __init__(self, slot_mask, next_pos, last_token, pending_hidden, pending_pos, ids):
+        self.slot_mask = slot_mask  # (b, S) 1 where a target cache slot holds an accepted token
+        self.next_pos = next_pos  # (b,) position of last_token
+        self.last_token = last_token  # (b,) newest token, not yet seen by the target
+        self.pending_hidden = pending_hidden  # (b, s, n*H) target features not yet in the drafter cache
+        self.pending_pos = pending_pos  # (b, s) their positions
+        self.ids = ids  # original batch indices
+
+    def select(self, keep: torch.Tensor) -> None:
+        for name in ("slot_mask", "next_pos", "last_token", "pending_hidden", "pending_pos"):
+            setattr(self, name, getattr(self, name).index_select(0, keep))
+        self.ids = [self.ids[i] for i in keep.tolist()]
+
+
+@torch.inference_mode()
+def generate(
+    target: PreTrainedModel,
+    drafter: AdaFlashDrafter,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    verify_policy: VerifyLengthPolicy | None = None,
+    draft_sampling: bool = False,
+    generator: torch.Generator | None = None,
+    streamer=None,
+    on_tokens: TokenCallback | None = None,
+    tokenizer=None,
+    generation_config: GenerationConfig | None = None,
+    **generation_kwargs,
+) -> SpeculativeGenerateOutput:
+    """Speculative generation for a batch of left-padded prompts.
+
+    Args:
+        target: the causal LM whose output distribution is reproduced exactly.
+        drafter: an :class:`AdaFlashDrafter` built for ``target``.
+        input_ids: (b, L) left-padded prompt ids; attention_mask (b, L) is required when b > 1.
+        verify_policy: chooses verify lengths per round (default: the whole block).
+        draft_sampling: with ``do_sample``, sample drafts from the drafter's distribution and accept
+            with min(1, p/q); otherwise drafts are the drafter's argmax (also lossless).
+        generator: torch RNG for reproducible sampling.
+        streamer: a transformers streamer (batch size 1), fed the prompt then accepted tokens.
+        on_tokens: callback ``(row, token_ids)`` called with each row's newly accepted tokens.
+        tokenizer: the target's tokenizer; when given, checked against the vocabulary and used for
+            ``stop_strings``-free EOS defaults.
+        generation_config / **generation_kwargs: as for ``model.generate``: ``max_new_tokens``,
+            ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``.
+
+    Returns:
+        :class:`SpeculativeGenerateOutput` with ``sequences`` and per-round ``stats``.
+    """
+    config = copy.deepcopy(generation_config or target.generation_config)
+    unused = config.update(**generation_kwargs)
+    if unused:
+        raise TypeError(
+            f"adaflash_hf.generate got unknown arguments {sorted(unused)}; it takes GenerationConfig fields "
+            "(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id)."
+        )
+    params = sampling_params_from(config)
+    check_pair(target, drafter, tokenizer)
+    attention_mask = check_prompt_batch(input_ids, attention_mask, streamer)
+    max_new_tokens = config.max_new_tokens
+    eos_ids = set() if config.eos_token_id is None else set(torch.tensor(config.eos_token_id).flatten().tolist())
+    pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
+    policy = verify_policy or FixedVerifyLength()
+    block_size = drafter.config.block_size
+    layer_ids = drafter.config.target_layer_ids
+    hidden_request = [i + 1 for i in layer_ids]
+    embed = target.get_input_embeddings()
+    lm_head = target.get_output_embeddings()
+    device = input_ids.device
+    batch_size = input_ids.shape[0]
+    stats = SpeculativeStats()
+    new_tokens: list[list[int]] = [[] for _ in range(batch_size)]
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:  # (b, V) -> (b,)
+        return logits.argmax(-1) if not params.do_sample else sample(logits_to_probs(logits, params), generator)
+
+    # 0. Prefill the target on the prompts; its first token is the first anchor.
+    start = time.perf_counter()
+    target_cache, draft_cache = DynamicCache(), DynamicCache()
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    out = target(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        output_hidden_states=hidden_request, logits_to_keep=1, use_cache=True, **{CACHE_KWARG: target_cache},
+    )
+    first = choose(out.logits[:, -1])
+    rows = _Rows(
+        slot_mask=attention_mask.long(),
+        next_pos=position_ids[:, -1] + 1,
+        last_token=first,
+        pending_hidden=context_features(out.hidden_states, layer_ids),
+        pending_pos=position_ids,
+        ids=list(range(batch_size)),
+    )
+    stats.prefill_time = time.perf_counter() - start
+    done = emit(rows.ids, [[t] for t in first.tolist()], new_tokens, eos_ids, max_new_tokens, streamer, on_tokens)
+    drop_finished(rows, done, target_cache, draft_cache)
+
+    while rows.ids:
+        b = len(rows.ids)
+        # 1. Draft: one drafter pass over [anchor, MASK...] with the new target features as context.
+        start = time.perf_counter()
+        block_ids = torch.full((b, block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        block_ids[:, 0] = rows.last_token
+        block_pos = rows.next_pos[:, None] + torch.arange(block_size, device=device)
+        draft_out = drafter(
+            noise_embeds=embed(block_ids),
+            context_hidden_states=rows.pending_hidden,
+            position_ids=torch.cat([rows.pending_pos, block_pos], dim=1),
+            attention_mask=torch.cat([rows.slot_mask, torch.ones_like(block_ids)], dim=1),
+            cache=draft_cache,
+        )
+        draft_cache.crop(-block_size)  # keep the context, drop the block
+        verify_lens = policy.verify_lens(draft_out.last_hidden_state, block_size).clamp(1, block_size)
+        budget = torch.tensor([max_new_tokens - len(new_tokens[i]) for i in rows.ids], device=device)
+        num_drafts = torch.minimum(verify_lens - 1, budget - 1).clamp_min(0)  # never draft past max_new_tokens
+        g = int(num_drafts.max())
+        draft_logits = lm_head(draft_out.last_hidden_state[:, 1 : g + 1])  # (b, g, V)
+        draft_probs = None
+        if params.do_sample and draft_sampling:
+            draft_probs = logits_to_probs(draft_logits, params)
+            draft_tokens = sample(draft_probs, generator)
+        else:
+            draft_tokens = draft_logits.argmax(-1)  # (b, g)
+        draft_time = time.perf_counter() - start
+
+        # 2. Verify: one target pass over [anchor, drafts] for every row.
+        start = time.perf_counter()
+        verify_ids = torch.cat([rows.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
+        verify_pos = rows.next_pos[:, None] + torch.arange(g + 1, device=device)
+        out = target(
+            input_ids=verify_ids, position_ids=verify_pos,
+            attention_mask=torch.cat([rows.slot_mask, torch.ones_like(verify_ids)], dim=1),
+            output_hidden_states=hidden_request, use_cache=True, **{CACHE_KWARG: target_cache},
+        )
+
+        # 3. Accept: the longest lossless prefix per row, plus one token from the target.
+        if params.do_sample:
+            accept_lengths, next_tokens = rejection_accept(
+                draft_tokens, logits_to_probs(out.logits, params), num_drafts, draft_probs, generator
+            )
+        else:
+            accept_lengths, next_tokens = greedy_accept(draft_tokens, out.logits, num_drafts)
+        verify_time = time.perf_counter() - start
+
+        # 4. Crop: keep slots up to the best row's acceptance; the rest of each row becomes a hole.
+        keep = int(accept_lengths.max()) + 1
+        if keep < g + 1:
+            target_cache.crop(keep - g - 1)
+        kept = torch.arange(keep, device=device)[None]
+        rows.slot_mask = torch.cat([rows.slot_mask, (kept <= accept_lengths[:, None]).long()], dim=1)
+        rows.pending_hidden = context_features(out.hidden_states, layer_ids)[:, :keep]
+        rows.pending_pos = verify_pos[:, :keep]
+        rows.next_pos = rows.next_pos + accept_lengths + 1
+        rows.last_token = next_tokens
+
+        # 5. Update policy, statistics and streams; retire finished rows.
+        policy.update(accept_lengths, verify_lens, verify_time)
+        stats.rounds.append(RoundStats(list(rows.ids), accept_lengths.tolist(), (num_drafts + 1).tolist(), draft_time, verify_time))
+        accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1)
+        chunks = [
+            accepted[i, : n].tolist() + [t] for i, (n, t) in enumerate(zip(accept_lengths.tolist(), next_tokens.tolist()))
+        ]
+        done = emit(rows.ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens)
+        drop_finished(rows, done, target_cache, draft_cache)
+
+    if streamer is not None:
+        streamer.end()
+    longest = max(len(t) for t in new_tokens)
+    tail = torch.full((batch_size, longest), pad_id, dtype=torch.long, device=device)
+    for i, tokens in enumerate(new_tokens):
+        tail[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return SpeculativeGenerateOutput(
+        sequences=torch.cat([input_ids, tail], dim=1), num_new_tokens=[len(t) for t in new_tokens], stats=stats
+    )
+
+
+def emit(ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens) -> list[bool]:
+    """Append each row's accepted tokens, cut at EOS and max_new_tokens; return which rows are done."""
+    done = []
+    for row, chunk in zip(ids, chunks):
+        room = max_new_tokens - len(new_tokens[row])
+        chunk = chunk[:room]
+        for j, token in enumerate(chunk):
+            if token in eos_ids:
+                chunk = chunk[: j + 1]
+                break
+        new_tokens[row].extend(chunk)
+        finished = len(new_tokens[row]) >= max_new_tokens or (bool(chunk) and chunk[-1] in eos_ids)
+        done.append(finished)
+        if streamer is not None and chunk:
+            streamer.put(torch.tensor(chunk))
+        if on_tokens is not None and chunk:
+            on_tokens(row, chunk)
+    return done
+
+
+def drop_finished(rows: _Rows, done: list[bool], target_cache: DynamicCache, draft_cache: DynamicCache) -> None:
+    """Remove finished rows from the state and both caches, so they stop costing compute."""
+    if not any(done):
+        return
+    keep = torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=rows.last_token.device)
+    rows.select(keep)
+    if len(keep):
+        target_cache.batch_select_indices(keep)
+        draft_cache.batch_select_indices(keep)

@@ -1,0 +1,92 @@
+"""Typed outputs of speculative generation, with the statistics users read tau and accept rate from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RoundStats:
+    """One draft -> verify round over the rows that were still active.
+
+    rows: original batch indices of the active rows; accept_lengths: drafts accepted per row (the
+    bonus token not counted); verify_lens: tokens verified per row (anchor + drafts).
+    """
+
+    rows: list[int]
+    accept_lengths: list[int]
+    verify_lens: list[int]
+    draft_time: float
+    verify_time: float
+
+
+@dataclass
+class SpeculativeStats:
+    """Per-round statistics of one generation call."""
+
+    rounds: list[RoundStats] = field(default_factory=list)
+    prefill_time: float = 0.0
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens produced per row per round, counting the bonus token (plain decoding = 1)."""
+        lengths = [a + 1 for r in self.rounds for a in r.accept_lengths]
+        return sum(lengths) / len(lengths) if lengths else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        """Accepted drafts / verified drafts."""
+        verified = sum(v - 1 for r in self.rounds for v in r.verify_lens)
+        return sum(a for r in self.rounds for a in r.accept_lengths) / verified if verified else 0.0
+
+    @property
+    def draft_time(self) -> float:
+        return sum(r.draft_time for r in self.rounds)
+
+    @property
+    def verify_time(self) -> float:
+        return sum(r.verify_time for r in self.rounds)
+
+    def position_acceptance(self, max_positions: int) -> list[float]:
+        """P(draft k accepted | draft k verified), k = 1..max_positions (acceptance by position)."""
+        hits, seen = [0] * max_positions, [0] * max_positions
+        for r in self.rounds:
+            for a, v in zip(r.accept_lengths, r.verify_lens):
+                for k in range(min(v - 1, max_positions)):
+                    if k > a:
+                        break
+                    seen[k] += 1
+                    hits[k] += k < a
+        return [h / s if s else 0.0 for h, s in zip(hits, seen)]
+
+    def merge(self, other: SpeculativeStats) -> None:
+        self.rounds.extend(other.rounds)
+        self.prefill_time += other.prefill_time
+
+
+@dataclass
+class SpeculativeGenerateOutput:
+    """Output of :func:`adaflash_hf.generate`.
+
+    sequences: (batch, prompt_len + new) token ids laid out as ``model.generate`` returns them (the
+    left-padded prompt, then the new tokens, right-padded with ``pad_token_id`` after a row ends).
+    num_new_tokens: new tokens per row. stats: per-round statistics (tau, accept rate, timings).
+    """
+
+    sequences: torch.LongTensor
+    num_new_tokens: list[int]
+    stats: SpeculativeStats
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.stats.mean_accepted_length
+
+    @property
+    def accept_rate(self) -> float:
+        return self.stats.accept_rate

@@ -1,0 +1,163 @@
+"""transformers integration: ``target.generate(assistant_model=drafter)`` and pipelines use AdaFlash.
+
+``enable_adaflash(target)`` swaps the target's class for a one-off subclass with the same name that
+overrides ``GenerationMixin._get_candidate_generator`` (private; the only place a candidate generator
+is chosen, stable from 4.57 to 5.24): when the assistant is an :class:`AdaFlashDrafter`, it returns an
+:class:`AdaFlashCandidateGenerator`; every other assistant, prompt lookup and
+``speculation_type="dflash"`` keep their stock generators. transformers' assisted-decoding loop does
+the verification (greedy or sampling, every logits processor, streamers, stopping criteria).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from ._compat import check_transformers_version
+from .checks import check_pair, is_adaflash_drafter
+from .decoding.engine import context_features
+from .decoding.outputs import RoundStats, SpeculativeStats
+from .decoding.policy import FixedVerifyLength, VerifyLengthPolicy
+from .modeling_adaflash import AdaFlashDrafter
+
+logger = logging.getLogger(__name__)
+
+
+class AdaFlashCandidateGenerator(CandidateGenerator):
+    """Drafts a block per round from the hidden states of the previous verification (no extra target pass).
+
+    transformers calls ``get_candidates`` with the last verification output (``requires_model_outputs``)
+    and the number of drafts it accepted, then ``update_candidate_strategy`` after acceptance.
+    Statistics of the run accumulate in ``self.stats`` (a :class:`SpeculativeStats`).
+    """
+
+    requires_model_outputs = True
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: AdaFlashDrafter,
+        generation_config: GenerationConfig,
+        verify_policy: VerifyLengthPolicy | None = None,
+    ):
+        check_pair(target, drafter)
+        if drafter.device != target.device:
+            raise ValueError(
+                f"drafter is on {drafter.device} but the target is on {target.device}: move it with drafter.to(target.device)."
+            )
+        self.target, self.drafter = target, drafter
+        self.embed = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.layer_ids = drafter.config.target_layer_ids
+        self.block_size = drafter.config.block_size
+        self.max_length = generation_config.max_length
+        self.policy = verify_policy or FixedVerifyLength()
+        # Ask the target for just the context layers, unless the user wants every hidden state returned
+        # (selecting layers then breaks generate's output bookkeeping).
+        wants_all = generation_config.return_dict_in_generate and generation_config.output_hidden_states
+        self.model_kwargs_overrides: dict[str, Any] = {
+            "output_hidden_states": True if wants_all else [i + 1 for i in self.layer_ids]
+        }
+        self.cache = DynamicCache()
+        self.stats = SpeculativeStats()
+        self._cached_len = 0  # target tokens whose features are in the drafter cache
+        self._pending: tuple[int, float, int] | None = None  # (drafts, draft_time, verify_start) of the open round
+
+    @torch.inference_mode()
+    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs):
+        # The first call precedes the target's prefill: propose nothing, let it compute hidden states.
+        if is_first_iteration or model_outputs is None:
+            return input_ids, None
+        start = time.perf_counter()
+        seq_len = input_ids.shape[1]
+        processed = seq_len - 1  # the newest token (bonus) is not yet in the target cache
+        new = processed - self._cached_len  # tokens whose features the drafter has not seen
+        hidden = model_outputs.hidden_states
+        context = context_features(hidden, self.layer_ids)[:, :new]  # prefill: every prompt token; later: accepted
+        mask = model_kwargs.get("attention_mask") if model_kwargs else None
+        if mask is None:
+            mask = torch.ones_like(input_ids)
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
+        block_pos = positions[:, -1:] + torch.arange(self.block_size, device=input_ids.device)
+        block_ids = torch.full((1, self.block_size), self.drafter.config.mask_token_id, dtype=torch.long, device=input_ids.device)
+        block_ids[:, 0] = input_ids[:, -1]
+        out = self.drafter(
+            noise_embeds=self.embed(block_ids),
+            context_hidden_states=context,
+            position_ids=torch.cat([positions[:, self._cached_len : processed], block_pos], dim=1),
+            attention_mask=torch.cat([mask[:, :processed], torch.ones_like(block_ids)], dim=1),
+            cache=self.cache,
+        )
+        self.cache.crop(-self.block_size)
+        self._cached_len = processed
+        verify_len = int(self.policy.verify_lens(out.last_hidden_state, self.block_size)[0])
+        num_drafts = min(verify_len - 1, self.max_length - seq_len - 1)
+        if num_drafts <= 0:
+            self._pending = None
+            return input_ids, None
+        draft_tokens = self.lm_head(out.last_hidden_state[:, 1 : num_drafts + 1]).argmax(-1)  # (1, g)
+        self._pending = (num_drafts, time.perf_counter() - start, time.perf_counter())
+        # Argmax drafts are exact one-hot proposals: returning no logits makes transformers verify by
+        # sampling from the target and matching, which is lossless at any temperature.
+        return torch.cat([input_ids, draft_tokens], dim=1), None
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        if self._pending is None:
+            return
+        num_drafts, draft_time, verify_start = self._pending
+        verify_time = time.perf_counter() - verify_start
+        num_matches = int(num_matches)
+        self.stats.rounds.append(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time))
+        device = input_ids.device
+        self.policy.update(torch.tensor([num_matches], device=device), torch.tensor([num_drafts + 1], device=device), verify_time)
+        self._pending = None
+
+
+def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                             assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+    if is_adaflash_drafter(assistant_model) and generation_config.speculation_type != "dflash":
+        generator = AdaFlashCandidateGenerator(self, assistant_model, generation_config, getattr(self, "adaflash_verify_policy", None))
+        self.adaflash_last_generator = generator
+        return generator
+    return super(type(self), self)._get_candidate_generator(
+        generation_config=generation_config, input_ids=input_ids, inputs_tensor=inputs_tensor,
+        logits_processor=logits_processor, model_kwargs=model_kwargs, assistant_model=assistant_model,
+        target_tokenizer=target_tokenizer, assistant_tokenizer=assistant_tokenizer,
+    )
+
+
+def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy | None = None) -> PreTrainedModel:
+    """Make ``target.generate(assistant_model=drafter)`` and pipelines use AdaFlash; returns ``target``.
+
+    Idempotent. Only this object changes (its class becomes a same-named subclass), so other models
+    and other assistants keep transformers' stock behaviour. ``verify_policy`` sets the verify length
+    (default: the drafter's whole block). After a call, ``target.adaflash_last_generator.stats``
+    holds the run's tau, accept rate and timings.
+    """
+    check_transformers_version()
+    if not isinstance(target, PreTrainedModel) or not hasattr(target, "_get_candidate_generator"):
+        raise TypeError(f"enable_adaflash expects a transformers generative model, got {type(target).__name__}.")
+    if not getattr(type(target), "_adaflash_enabled", False):
+        cls = type(target)
+        target.__class__ = type(cls.__name__, (cls,), {
+            "_get_candidate_generator": _get_candidate_generator,
+            "_adaflash_enabled": True,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+        })
+    if verify_policy is not None:
+        target.adaflash_verify_policy = verify_policy
+    return target
+
+
+def last_generation_stats(target: PreTrainedModel) -> SpeculativeStats:
+    """Statistics of the latest ``target.generate(assistant_model=drafter)`` call."""
+    generator = getattr(target, "adaflash_last_generator", None)
+    if generator is None:
+        raise RuntimeError("no AdaFlash generation has run on this model yet: call enable_adaflash(target), then generate.")
+    return generator.stats
