@@ -41,6 +41,11 @@ def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
         problems.append(f"mask_token_id {dc.mask_token_id} outside the target vocabulary [0, {vocab_rows})")
     if dc.block_size < 2:
         problems.append(f"block_size {dc.block_size} < 2")
+    if drafter.dtype != target.dtype or drafter.device != target.device:
+        problems.append(
+            f"drafter is {drafter.dtype} on {drafter.device} but the target is {target.dtype} on {target.device} "
+            "(move it with drafter.to(device=target.device, dtype=target.dtype))"
+        )
     if tokenizer is not None and len(tokenizer) > vocab_rows:
         problems.append(f"tokenizer has {len(tokenizer)} tokens but the target embeds only {vocab_rows}")
     if problems:

@@ -46,10 +46,6 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         verify_policy: VerifyLengthPolicy | None = None,
     ):
         check_pair(target, drafter)
-        if drafter.device != target.device:
-            raise ValueError(
-                f"drafter is on {drafter.device} but the target is on {target.device}: move it with drafter.to(target.device)."
-            )
         self.target, self.drafter = target, drafter
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()

@@ -14,6 +14,7 @@ published z-lab DFlash checkpoints (``layers.N.self_attn.q_proj``, ``fc``, ``hid
 from __future__ import annotations
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
@@ -250,6 +251,29 @@ class AdaFlashDrafter(AdaFlashPreTrainedModel):
         fields.update(overrides)
         config = AdaFlashDrafterConfig(**fields)
         return cls(config).to(device=target.device, dtype=target.dtype)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """``PreTrainedModel.from_pretrained`` that refuses corrupt or incomplete drafter checkpoints.
+
+        transformers would silently re-initialise missing weights; a drafter with random layers is
+        lossless but useless, so a missing or mis-shaped weight is an error here.
+        """
+        wants_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        except SafetensorError as error:
+            raise OSError(
+                f"The drafter weights in {pretrained_model_name_or_path} cannot be read ({error}): the file is corrupt "
+                "or was only partly downloaded. Download or save the checkpoint again."
+            ) from error
+        broken = {k: sorted(v)[:8] for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
+        if broken:
+            raise ValueError(
+                f"The drafter checkpoint in {pretrained_model_name_or_path} is incomplete or does not match its config: "
+                f"{broken}. Re-download it, or check that config.json belongs to these weights."
+            )
+        return (model, info) if wants_info else model
 
     @property
     def generation_config(self):

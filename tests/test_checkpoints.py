@@ -1,0 +1,104 @@
+"""Save/load round trips: our layout, the z-lab DFlash layout, and Hub remote code in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModel
+
+from adaflash_hf import AdaFlashDrafter, generate
+from adaflash_hf.dflash_format import save_dflash_checkpoint
+from conftest import left_pad, random_prompts
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_save_load_round_trip(target, drafter, tmp_path):
+    drafter.save_pretrained(tmp_path)
+    assert {"config.json", "model.safetensors", "modeling_adaflash.py", "configuration_adaflash.py"} <= {p.name for p in tmp_path.iterdir()}
+    loaded = AdaFlashDrafter.from_pretrained(tmp_path)
+    assert same_weights(loaded, drafter)
+    assert AutoModel.from_pretrained(tmp_path).__class__ is AdaFlashDrafter
+    ids, mask = left_pad(random_prompts((3, 6)))
+    a = generate(target, drafter, ids, mask, max_new_tokens=6, eos_token_id=None)
+    b = generate(target, loaded.eval(), ids, mask, max_new_tokens=6, eos_token_id=None)
+    assert torch.equal(a.sequences, b.sequences)
+    assert [r.accept_lengths for r in a.stats.rounds] == [r.accept_lengths for r in b.stats.rounds]
+
+
+def test_weights_never_include_target_embeddings(drafter):
+    names = drafter.state_dict().keys()
+    assert not any("embed" in n or "lm_head" in n for n in names)
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= set(names)
+
+
+def test_dflash_layout_round_trip(drafter, tmp_path):
+    save_dflash_checkpoint(drafter, tmp_path, dtype=torch.float32)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"] == {"mask_token_id": drafter.config.mask_token_id,
+                                       "target_layer_ids": drafter.config.target_layer_ids}
+    assert config["block_size"] == drafter.config.block_size
+    loaded = AdaFlashDrafter.from_pretrained(tmp_path)
+    assert loaded.config.model_type == "adaflash_drafter"
+    assert loaded.config.target_layer_ids == drafter.config.target_layer_ids
+    assert same_weights(loaded, drafter)
+
+
+def test_remote_code_loads_in_a_fresh_process_without_adaflash(drafter, tmp_path):
+    drafter.save_pretrained(tmp_path)
+    torch.save(drafter.state_dict()["fc.weight"], tmp_path / "fc.pt")
+    script = (
+        "import sys, torch\n"
+        "from transformers import AutoModel\n"
+        f"m = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)\n"
+        "assert 'adaflash_hf' not in sys.modules, 'adaflash_hf must not be needed'\n"
+        f"assert torch.equal(m.state_dict()['fc.weight'], torch.load({str(tmp_path / 'fc.pt')!r}))\n"
+        "print(type(m).__module__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "transformers_modules" in result.stdout
+
+
+def test_remote_code_drafter_works_with_enable_adaflash(target, drafter, tmp_path):
+    from adaflash_hf import enable_adaflash
+
+    drafter.save_pretrained(tmp_path)
+    remote = AutoModel.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    ids = torch.tensor([random_prompts((5,))[0]])
+    enable_adaflash(target)
+    assert torch.equal(target.generate(ids, assistant_model=remote, max_new_tokens=8, do_sample=False),
+                       target.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+def test_corrupt_checkpoint_gives_clear_error(drafter, tmp_path):
+    drafter.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(OSError, match="corrupt"):
+        AdaFlashDrafter.from_pretrained(tmp_path)
+
+
+def test_checkpoint_missing_a_weight_is_refused(drafter, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    drafter.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights.pop("fc.weight")
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="fc.weight"):
+        AdaFlashDrafter.from_pretrained(tmp_path)
+
+
+def test_incomplete_checkpoint_missing_weights(drafter, tmp_path):
+    drafter.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(OSError, match="model.safetensors|pytorch_model.bin|no file named"):
+        AdaFlashDrafter.from_pretrained(tmp_path)

@@ -1,0 +1,88 @@
+"""Rejection sampling reproduces the target distribution exactly (a chi-square test on many draws)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from adaflash_hf.decoding.sampling import (
+    SamplingParams,
+    greedy_accept,
+    logits_to_probs,
+    rejection_accept,
+)
+
+V = 6
+N = 60_000
+
+
+def two_step_target():
+    """p(x1) and p(x2 | x1) over a small vocabulary; position 2 depends on the first token."""
+    g = torch.Generator().manual_seed(0)
+    p1 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    p2 = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)  # row = x1
+    return p1, p2
+
+
+@pytest.mark.parametrize("draft_kind", ["argmax", "sampled"])
+def test_speculative_sampling_matches_target_joint(draft_kind):
+    """Draft two tokens, verify, and check the joint law of the first two emitted tokens."""
+    p1, p2 = two_step_target()
+    g = torch.Generator().manual_seed(1)
+    q1 = torch.softmax(torch.randn(V, generator=g), -1)
+    q2 = torch.softmax(torch.randn(V, generator=g), -1)  # a deliberately wrong drafter
+    if draft_kind == "argmax":
+        d1 = torch.full((N,), int(q1.argmax()))
+        d2 = torch.full((N,), int(q2.argmax()))
+        draft_probs = None
+    else:
+        d1 = torch.multinomial(q1, N, replacement=True, generator=g)
+        d2 = torch.multinomial(q2, N, replacement=True, generator=g)
+        draft_probs = torch.stack([q1.expand(N, V), q2.expand(N, V)], dim=1)  # (N, 2, V)
+    drafts = torch.stack([d1, d2], dim=1)  # (N, 2)
+    # target probabilities at the three verified positions given the drafted prefix
+    target_probs = torch.stack([p1.expand(N, V), p2[d1], p2[d2]], dim=1)  # (N, 3, V); 3rd unused in joint
+    accept, nxt = rejection_accept(drafts, target_probs, torch.full((N,), 2), draft_probs, generator=g)
+    first = torch.where(accept >= 1, d1, nxt)
+    # the second emitted token: d2 if accepted, the correction if rejected at 2, else a fresh sample
+    second = torch.where(accept >= 2, d2, torch.where(accept == 1, nxt, torch.multinomial(p2[first], 1, generator=g).squeeze(1)))
+    joint = torch.bincount(first * V + second, minlength=V * V).double()
+    expected = (p1[:, None] * p2).flatten().double() * N
+    assert chisquare(joint.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+def test_speculative_sampling_detects_a_biased_sampler():
+    """The statistical test has power: sampling straight from the drafter fails it."""
+    p1, _ = two_step_target()
+    q1 = torch.softmax(torch.randn(V, generator=torch.Generator().manual_seed(1)), -1)
+    draws = torch.multinomial(q1, N, replacement=True, generator=torch.Generator().manual_seed(2))
+    assert chisquare(torch.bincount(draws, minlength=V).double().numpy(), (p1.double() * N).numpy()).pvalue < 1e-6
+
+
+def test_processed_distribution_top_k_top_p_temperature():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    probs = logits_to_probs(logits, SamplingParams(do_sample=True, temperature=0.5, top_k=4, top_p=0.9))
+    assert probs[0, 4:].sum() == 0  # top-k removed
+    kept = (probs[0] > 0).sum()
+    full = torch.softmax(logits / 0.5, -1)[0, :4]
+    full = full / full.sum()
+    # top-p keeps the smallest prefix reaching 0.9 of the top-k mass
+    assert full[: kept - 1].sum() < 0.9 <= full[:kept].sum() + 1e-6
+    assert torch.allclose(probs.sum(-1), torch.ones(1))
+
+
+def test_greedy_accept_prefix_and_caps():
+    logits = torch.zeros(2, 4, 5)
+    best = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+    logits.scatter_(-1, best[..., None], 1.0)
+    drafts = torch.tensor([[1, 2, 0], [1, 2, 3]])
+    accept, nxt = greedy_accept(drafts, logits, torch.tensor([3, 2]))
+    assert accept.tolist() == [2, 2] and nxt.tolist() == [3, 3]
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(do_sample=True, top_p=1.5)
