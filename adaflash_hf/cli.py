@@ -1,0 +1,143 @@
+"""The ``adaflash`` command line: generate, bench, train-drafter.
+
+Every subcommand's options come from a dataclass (field help text included), so the CLI and the
+Python API share one set of defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+
+import torch
+
+from .targets import DEFAULT_TARGET, PRESETS
+
+
+@dataclass
+class GenerateArgs:
+    prompt: str = field(default="Write a Python function that checks whether a number is prime.",
+                        metadata={"help": "User message (the chat template is applied when the tokenizer has one)."})
+    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 with AMX or CUDA, else fp32), bf16 or fp32."})
+    temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
+    seed: int = field(default=0, metadata={"help": "Seed for sampling."})
+    compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
+    raw: bool = field(default=False, metadata={"help": "Use the prompt as raw text, without the chat template."})
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        help_text = f.metadata.get("help", "")
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            continue
+        origin = typing.get_origin(kind)
+        if origin in (list, tuple):
+            parser.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=f.default if f.default is not dataclasses.MISSING else f.default_factory(), help=help_text)
+            continue
+        if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        default = f.default if f.default is not dataclasses.MISSING else None
+        parser.add_argument(flag, type=kind, default=default, required=default is None and f.default is dataclasses.MISSING,
+                            help=f"{help_text} (default: {default})")
+
+
+def dataclass_from_args(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def encode_prompt(tokenizer, prompt: str, raw: bool) -> torch.Tensor:
+    if not prompt.strip():
+        raise SystemExit("error: --prompt is empty; give the text to continue or answer.")
+    if raw or not tokenizer.chat_template:
+        return tokenizer(prompt, return_tensors="pt").input_ids
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"]
+
+
+def run_generate(args: GenerateArgs) -> int:
+    from transformers import TextStreamer
+
+    from . import generate, load_target
+    from .drafters import load_drafter
+
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    target, tokenizer = load_target(args.target, dtype=None if args.dtype == "auto" else args.dtype)
+    drafter = load_drafter(args.drafter, target, target_name=args.target)
+    print(f"[adaflash] target {args.target} ({target.dtype}), drafter {args.drafter} "
+          f"(block {drafter.config.block_size}, {drafter.config.num_hidden_layers} layers); loaded in {time.perf_counter() - start:.1f}s",
+          file=sys.stderr)
+    input_ids = encode_prompt(tokenizer, args.prompt, args.raw).to(target.device)
+    sampling = dict(do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_k=None, top_p=None)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    start = time.perf_counter()
+    out = generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
+                   tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
+    seconds = time.perf_counter() - start
+    n = out.num_new_tokens[0]
+    print(f"\n[adaflash] {n} tokens in {seconds:.2f}s = {n / seconds:.1f} tok/s | tau {out.mean_accepted_length:.2f} | "
+          f"accept rate {out.accept_rate:.2f} | {out.stats.num_rounds} rounds", file=sys.stderr)
+    if args.compare_plain:
+        start = time.perf_counter()
+        plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
+                                pad_token_id=tokenizer.pad_token_id, **sampling)
+        plain_seconds = time.perf_counter() - start
+        m = plain.shape[1] - input_ids.shape[1]
+        same = plain[0].tolist() == out.sequences[0, : plain.shape[1]].tolist()
+        print(f"[plain]    {m} tokens in {plain_seconds:.2f}s = {m / plain_seconds:.1f} tok/s | "
+              f"speed-up {(n / seconds) / (m / plain_seconds):.2f}x | identical output: {same}", file=sys.stderr)
+    return 0
+
+
+COMMANDS: dict[str, tuple[type, typing.Callable, str]] = {
+    "generate": (GenerateArgs, run_generate, "Generate from a prompt with speculative decoding, streaming text."),
+}
+
+
+def _register_optional_commands() -> None:
+    """Commands whose modules need optional extras register only when those import."""
+    try:
+        from .bench import BenchArgs, run_bench
+        COMMANDS["bench"] = (BenchArgs, run_bench, "Benchmark decoding methods side by side; prints a table, writes JSON.")
+    except ImportError as error:  # pragma: no cover
+        logging.getLogger(__name__).debug("bench unavailable: %s", error)
+    try:
+        from .training.trainer import TrainDrafterConfig, train_drafter
+        COMMANDS["train-drafter"] = (TrainDrafterConfig, lambda cfg: (print(train_drafter(cfg)), 0)[1],
+                                     "Train a drafter for a target (DFlash recipe), with checkpoints and resume.")
+    except ImportError as error:  # pragma: no cover
+        logging.getLogger(__name__).debug("train-drafter unavailable: %s", error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("transformers", "httpx", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    _register_optional_commands()
+    parser = argparse.ArgumentParser(prog="adaflash", description="Lossless speculative decoding for transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (cls, _, help_text) in COMMANDS.items():
+        add_dataclass_arguments(sub.add_parser(name, help=help_text, description=help_text), cls)
+    args = parser.parse_args(argv)
+    cls, run, _ = COMMANDS[args.command]
+    try:
+        config = dataclass_from_args(cls, args)
+    except ValueError as error:
+        parser.error(str(error))
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Finding a drafter for a target: bundled checkpoints, local folders, Hub ids, or a fresh one.
+
+Bundled drafters (trained by adaflash-hf for the preset targets) ship inside the package under
+``adaflash_hf/bundled/<preset>/`` as Hub-ready folders (config, bf16 safetensors, model card).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import PreTrainedModel
+
+from .modeling_adaflash import AdaFlashDrafter
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+
+
+def bundled_drafter_path(target_name: str) -> Path | None:
+    """Folder of the drafter shipped for preset ``target_name``, or None if there is none."""
+    folder = BUNDLED_DIR / target_name
+    return folder if (folder / "config.json").is_file() else None
+
+
+def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | None = None) -> AdaFlashDrafter:
+    """Resolve ``name_or_path`` to a drafter on the target's device and dtype.
+
+    ``"auto"``: the bundled drafter for preset ``target_name``, else a fresh (untrained) one;
+    ``"fresh"``: a randomly initialised drafter sized for ``target`` (lossless, but accepts little);
+    anything else: a local folder or Hub id passed to ``AdaFlashDrafter.from_pretrained``.
+    """
+    if name_or_path == "auto":
+        path = bundled_drafter_path(target_name) if target_name else None
+        if path is None:
+            logger.warning("No bundled drafter for %r: using a fresh, untrained drafter (lossless, little speed-up).", target_name)
+            name_or_path = "fresh"
+        else:
+            name_or_path = str(path)
+    if name_or_path == "fresh":
+        drafter = AdaFlashDrafter.from_target(target)
+    else:
+        drafter = AdaFlashDrafter.from_pretrained(name_or_path)
+    return drafter.to(device=target.device, dtype=target.dtype).eval()
