@@ -8,8 +8,8 @@ adaflash-hf supports transformers 5.23 and 5.24. Differences it has to bridge:
 
 from __future__ import annotations
 
-from packaging.version import Version
 import transformers
+from packaging.version import Version
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 MIN_TRANSFORMERS = Version("5.23.0")

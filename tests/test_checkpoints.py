@@ -12,6 +12,7 @@ from transformers import AutoModel
 
 from adaflash_hf import AdaFlashDrafter, generate
 from adaflash_hf.dflash_format import save_dflash_checkpoint
+
 from conftest import left_pad, random_prompts
 
 

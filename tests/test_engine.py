@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from adaflash_hf import FixedVerifyLength, generate
+
 from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
 
 LENGTHS = (3, 9, 5, 12, 7)

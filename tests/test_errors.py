@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from adaflash_hf import AdaFlashDrafter, AdaFlashDrafterConfig, enable_adaflash, generate
+
 from conftest import left_pad, random_prompts, tiny_target
 
 

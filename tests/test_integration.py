@@ -13,6 +13,7 @@ from transformers import (
 )
 
 from adaflash_hf import AdaFlashCandidateGenerator, enable_adaflash, last_generation_stats
+
 from conftest import EOS, VOCAB, OracleDrafter, greedy_reference, random_prompts
 
 

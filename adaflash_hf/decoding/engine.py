@@ -26,7 +26,7 @@ from ..checks import check_pair, check_prompt_batch, sampling_params_from
 from ..modeling_adaflash import AdaFlashDrafter
 from .outputs import RoundStats, SpeculativeGenerateOutput, SpeculativeStats
 from .policy import FixedVerifyLength, VerifyLengthPolicy
-from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_accept, sample
+from .sampling import greedy_accept, logits_to_probs, rejection_accept, sample
 
 logger = logging.getLogger(__name__)
 
