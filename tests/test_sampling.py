@@ -86,3 +86,35 @@ def test_sampling_params_validation():
         SamplingParams(do_sample=True, temperature=0.0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(do_sample=True, top_p=1.5)
+
+
+@pytest.mark.parametrize("draft_sampling", [False, True])
+def test_engine_sampling_reproduces_target_distribution(draft_sampling):
+    """End to end: the engine's (x1, x2, x3) over many rows follows the target's own sampling law."""
+    from adaflash_hf import AdaFlashDrafter, generate
+    from conftest import OracleDrafter, greedy_reference, tiny_target
+
+    target = tiny_target("llama", seed=7)
+    prompt = [5, 9, 14, 20]
+    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
+    oracle = OracleDrafter(drafter.config).setup(target, {0: greedy_reference(target, prompt, 12, eos=False)}, 0.3).eval()
+    params = SamplingParams(do_sample=True, temperature=1.5, top_k=3)
+    rows = 3000
+    ids = torch.tensor([prompt] * rows)
+    out = generate(target, oracle, ids, torch.ones_like(ids), max_new_tokens=3, do_sample=True, temperature=1.5, top_k=3,
+                   top_p=None, eos_token_id=None, draft_sampling=draft_sampling, generator=torch.Generator().manual_seed(3))
+    assert out.accept_rate > 0.05  # the drafts were really accepted some of the time
+    new = out.sequences[:, len(prompt):]  # (rows, 3)
+
+    with torch.no_grad():
+        p1 = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params)
+        support = p1.nonzero().flatten().tolist()
+        observed, expected = [], []
+        for x1 in support:
+            p2 = logits_to_probs(target(torch.tensor([prompt + [x1]])).logits[0, -1], params)
+            for x2 in p2.nonzero().flatten().tolist():
+                observed.append(int(((new[:, 0] == x1) & (new[:, 1] == x2)).sum()))
+                expected.append(float(p1[x1] * p2[x2]) * rows)
+    assert sum(observed) == rows  # nothing outside the processed support
+    expected = [e * rows / sum(expected) for e in expected]  # remove float rounding of the total
+    assert chisquare(observed, expected).pvalue > 1e-3

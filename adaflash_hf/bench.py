@@ -1,0 +1,219 @@
+"""``adaflash bench``: decoding methods side by side on the same prompts, in one process.
+
+Methods (each prompt runs every method back to back, so machine noise hits all of them alike):
+- ``target``: plain ``generate`` of the target, the 1.0x reference;
+- ``adaflash``: adaflash-hf's engine with the drafter, fixed block;
+- ``prompt-lookup``: transformers' prompt lookup decoding;
+- ``assisted``: transformers' assisted generation with an autoregressive draft model;
+- ``dflash-builtin``: transformers' own ``speculation_type="dflash"`` path with the same drafter.
+
+Acceptance is measured the same way for every method, from the target's forward passes: tau is
+new tokens per target forward (counting the bonus token; plain decoding = 1.0) and the accept rate
+is accepted drafts / drafts the target verified.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .targets import DEFAULT_TARGET, PRESETS
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("target", "adaflash", "prompt-lookup", "assisted", "dflash-builtin")
+ASSISTANT_FOR = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+
+
+@dataclass
+class BenchArgs:
+    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), folder or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), 'fresh', a folder or a Hub id."})
+    prompts: str = field(default="eval", metadata={"help": "'eval' (held-out preset prompts) or a JSONL file of {prompt, domain}."})
+    domains: str = field(default="code,math,chat,news", metadata={"help": "Comma-separated domains of the preset eval set."})
+    num_prompts: int = field(default=4, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
+    methods: str = field(default="target,adaflash,prompt-lookup,dflash-builtin",
+                         metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
+    assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
+    max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
+    dtype: str = field(default="bf16", metadata={"help": "bf16 (fast on AMX/GPU) or fp32 (exactness)."})
+    json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
+    plot: str = field(default="bench_acceptance.png", metadata={"help": "Where to write the per-position acceptance plot ('' to skip)."})
+
+    def __post_init__(self):
+        unknown = set(self.method_list) - set(METHODS)
+        if unknown:
+            raise ValueError(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}.")
+        if "target" not in self.method_list:
+            raise ValueError("--methods must include 'target': speed-ups and output equality are relative to it.")
+        if self.max_new_tokens < 1 or self.num_prompts < 1:
+            raise ValueError("--max-new-tokens and --num-prompts must be >= 1.")
+
+    @property
+    def method_list(self) -> list[str]:
+        return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+
+class ForwardCounter:
+    """Counts the target's forward passes and the drafts each verified (a forward pre-hook)."""
+
+    def __init__(self, model, prompt_len: int):
+        self.calls, self.drafts, self.prompt_len = 0, 0, prompt_len
+        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        length = ids.shape[1]
+        self.drafts += length - self.prompt_len if self.calls == 0 else length - 1
+        self.calls += 1
+
+    def close(self):
+        self.handle.remove()
+
+
+def load_bench_prompts(args: BenchArgs) -> list[dict]:
+    if args.prompts == "eval":
+        from .data import load_prompts
+
+        rows = []
+        for domain in args.domains.split(","):
+            rows += load_prompts(domain.strip(), split="eval", limit_per_domain=args.num_prompts).to_list()
+        return [{"prompt": r["prompt"], "domain": r["domain"]} for r in rows]
+    from .data import load_prompts_jsonl
+
+    return load_prompts_jsonl(args.prompts).select_columns(["prompt", "domain"]).to_list()[: args.num_prompts]
+
+
+def run_bench(args: BenchArgs) -> int:
+    from . import enable_adaflash, generate, load_target
+    from .cli import encode_prompt
+    from .drafters import load_drafter
+
+    target, tokenizer = load_target(args.target, dtype=args.dtype)
+    methods = args.method_list
+    drafter = load_drafter(args.drafter, target, target_name=args.target) if {"adaflash", "dflash-builtin"} & set(methods) else None
+    assistant = None
+    if "assisted" in methods:
+        name = ASSISTANT_FOR.get(args.target) if args.assistant == "auto" else args.assistant
+        if name is None:
+            raise SystemExit(f"error: no default draft model for {args.target}; pass --assistant or drop 'assisted'.")
+        assistant, _ = load_target(name, dtype=args.dtype)
+    enable_adaflash(target)
+    prompts = load_bench_prompts(args)
+    pad = tokenizer.pad_token_id
+    common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
+
+    def run(method: str, ids: torch.Tensor):
+        mask = torch.ones_like(ids)
+        if method == "target":
+            return target.generate(ids, attention_mask=mask, **common)[0], None
+        if method == "adaflash":
+            out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
+            return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
+        if method == "prompt-lookup":
+            return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None
+        if method == "assisted":
+            return target.generate(ids, attention_mask=mask, assistant_model=assistant, **common)[0], None
+        return target.generate(ids, attention_mask=mask, assistant_model=drafter, speculation_type="dflash", **common)[0], None
+
+    warm = encode_prompt(tokenizer, "Hello!", raw=False)
+    for method in methods:  # warm-up: first calls pay one-off costs
+        run(method, warm)
+
+    records = []
+    print(f"[bench] {len(prompts)} prompts x {len(methods)} methods, {args.max_new_tokens} new tokens, {target.dtype}", file=sys.stderr)
+    for i, item in enumerate(prompts):
+        ids = encode_prompt(tokenizer, item["prompt"], raw=False).to(target.device)
+        reference = None
+        for method in methods:
+            counter = ForwardCounter(target, ids.shape[1])
+            start = time.perf_counter()
+            with torch.inference_mode():
+                sequence, stats = run(method, ids)
+            seconds = time.perf_counter() - start
+            counter.close()
+            new = sequence[ids.shape[1]:].tolist()
+            if method == "target":
+                reference = new
+            records.append(dict(method=method, domain=item["domain"], prompt=i, new_tokens=len(new), seconds=seconds,
+                                forwards=counter.calls, drafts=counter.drafts, same=new == reference,
+                                positions=stats.position_acceptance(15) if stats else None))
+        done = [r for r in records if r["prompt"] == i]
+        print(f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
+              + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done), file=sys.stderr)
+
+    results = summarise(records, methods)
+    print_table(results)
+    payload = {"args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
+               "torch_threads": torch.get_num_threads(), "results": results, "records": records}
+    Path(args.json).write_text(json.dumps(payload, indent=2))
+    print(f"[bench] wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        plot_acceptance(records, args.plot)
+        print(f"[bench] wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def summarise(records: list[dict], methods: list[str]) -> list[dict]:
+    """One entry per method and domain (and 'all'): throughput, tau, accept rate, speed-up, equality."""
+    results = []
+    domains = sorted({r["domain"] for r in records}) + ["all"]
+    for domain in domains:
+        rows = {m: [r for r in records if r["method"] == m and domain in ("all", r["domain"])] for m in methods}
+        base_tps = sum(r["new_tokens"] for r in rows["target"]) / sum(r["seconds"] for r in rows["target"])
+        for method in methods:
+            group = rows[method]
+            tokens = sum(r["new_tokens"] for r in group)
+            seconds = sum(r["seconds"] for r in group)
+            forwards = sum(r["forwards"] for r in group)
+            drafts = sum(r["drafts"] for r in group)
+            accepted = tokens - forwards
+            tps = tokens / seconds
+            positions = [r["positions"] for r in group if r["positions"]]
+            results.append(dict(
+                method=method, domain=domain, num_prompts=len(group), new_tokens=tokens,
+                tokens_per_second=round(tps, 3), mean_accepted_length=round(tokens / forwards, 3),
+                accept_rate=round(max(accepted, 0) / drafts, 4) if drafts else None,
+                speedup=round(tps / base_tps, 3), same_as_target=round(sum(r["same"] for r in group) / len(group), 3),
+                position_acceptance=[round(statistics.fmean(p[k] for p in positions), 4) for k in range(len(positions[0]))] if positions else None,
+            ))
+    return results
+
+
+def print_table(results: list[dict]) -> None:
+    header = f"{'domain':<8} {'method':<15} {'prompts':>7} {'tokens':>7} {'tok/s':>7} {'tau':>6} {'accept':>7} {'speedup':>8} {'same':>5}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        accept = "-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}"
+        print(f"{r['domain']:<8} {r['method']:<15} {r['num_prompts']:>7} {r['new_tokens']:>7} {r['tokens_per_second']:>7.2f} "
+              f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}")
+
+
+def plot_acceptance(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for domain in sorted({r["domain"] for r in records}):
+        curves = [r["positions"] for r in records if r["positions"] and r["domain"] == domain]
+        if curves:
+            mean = [statistics.fmean(c[k] for c in curves) for k in range(len(curves[0]))]
+            ax.plot(range(1, len(mean) + 1), mean, marker="o", label=domain)
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(accept k | reached k)")
+    ax.set_ylim(0, 1)
+    ax.set_title("AdaFlash per-position acceptance (held-out prompts)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
