@@ -6,12 +6,14 @@ Public API:
 - ``AdaFlashCandidateGenerator``: the candidate generator transformers runs for an AdaFlash drafter.
 - ``generate(target, drafter, input_ids, attention_mask=None, **generation_kwargs)``: batched engine.
 - ``load_target(name_or_path, dtype=None, device=None)``: presets, local folders, GGUF files, Hub ids.
+- ``load_drafter(name_or_path, target, target_name=None)``: bundled drafters, folders, Hub ids, fresh.
 """
 
 from transformers import AutoConfig, AutoModel
 
 from .configuration_adaflash import AdaFlashDrafterConfig
 from .decoding.engine import generate
+from .drafters import load_drafter
 from .decoding.outputs import SpeculativeGenerateOutput, SpeculativeStats
 from .decoding.policy import FixedVerifyLength, VerifyLengthPolicy
 from .integration import AdaFlashCandidateGenerator, enable_adaflash, last_generation_stats
@@ -29,6 +31,7 @@ __all__ = [
     "enable_adaflash",
     "generate",
     "last_generation_stats",
+    "load_drafter",
     "load_target",
 ]
 __version__ = "0.1.0"

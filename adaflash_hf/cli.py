@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import sys
 import time
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -34,23 +35,22 @@ class GenerateArgs:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """One ``--flag`` per dataclass field, typed from its annotation, with the field's help text."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
-        help_text = f.metadata.get("help", "")
-        if kind is bool:
-            parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
-            continue
-        origin = typing.get_origin(kind)
-        if origin in (list, tuple):
-            parser.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=f.default if f.default is not dataclasses.MISSING else f.default_factory(), help=help_text)
-            continue
-        if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[X] -> X
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        default = f.default if f.default is not dataclasses.MISSING else None
-        parser.add_argument(flag, type=kind, default=default, required=default is None and f.default is dataclasses.MISSING,
-                            help=f"{help_text} (default: {default})")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        help_text = (f.metadata.get("help", "") + ("" if required else f" (default: {default})")).replace("%", "%%")
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif typing.get_origin(kind) in (list, tuple):
+            parser.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=default, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, required=required, help=help_text)
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):

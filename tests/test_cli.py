@@ -1,0 +1,71 @@
+"""The command line, end to end on a tiny local model folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaflash_hf import AdaFlashDrafter
+from adaflash_hf.bench import BenchArgs
+from adaflash_hf.cli import COMMANDS, main
+from conftest import tiny_target
+from test_integration import word_tokenizer
+
+
+@pytest.fixture
+def model_dirs(tmp_path):
+    target = tiny_target("qwen3")
+    target.save_pretrained(tmp_path / "target")
+    word_tokenizer().save_pretrained(tmp_path / "target")
+    AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).save_pretrained(tmp_path / "drafter")
+    return tmp_path / "target", tmp_path / "drafter"
+
+
+def test_generate_command_streams_and_compares(model_dirs, capsys):
+    target, drafter = model_dirs
+    code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w7",
+                 "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "tau" in err and "identical output: True" in err
+
+
+def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
+    import json
+
+    target, drafter = model_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9 w11", "domain": "code"}\n{"prompt": "w7 w8", "domain": "chat"}\n')
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
+                 "--methods", "target,adaflash,prompt-lookup,dflash-builtin", "--max-new-tokens", "5",
+                 "--json", str(out), "--plot", str(tmp_path / "acc.png")])
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert {(r["method"], r["domain"]) for r in results} >= {("adaflash", "all"), ("target", "code"), ("dflash-builtin", "chat")}
+    for r in results:
+        assert {"method", "domain", "num_prompts", "new_tokens", "tokens_per_second", "mean_accepted_length",
+                "accept_rate", "speedup", "same_as_target"} <= r.keys()
+        if r["method"] == "target":
+            assert r["mean_accepted_length"] == 1.0 and r["speedup"] == 1.0 and r["same_as_target"] == 1.0
+    adaflash = next(r for r in results if r["method"] == "adaflash" and r["domain"] == "all")
+    assert adaflash["same_as_target"] == 1.0  # fp32 greedy is lossless
+    assert (tmp_path / "acc.png").stat().st_size > 0
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_bench_args_validation():
+    with pytest.raises(ValueError, match="unknown methods"):
+        BenchArgs(methods="target,medusa")
+    with pytest.raises(ValueError, match="must include 'target'"):
+        BenchArgs(methods="adaflash")
+
+
+def test_every_command_has_help(capsys):
+    from adaflash_hf.cli import _register_optional_commands
+
+    _register_optional_commands()
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+    assert "--max-new-tokens" in capsys.readouterr().out

@@ -1,0 +1,38 @@
+"""Opt-in end-to-end run on the real smollm2-135m preset (python -m pytest -m real_model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash_hf import enable_adaflash, generate, load_target
+from adaflash_hf.drafters import load_drafter
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = ["Write a Python function that reverses a string.", "What is 17 * 23? Answer briefly.",
+           "Name three colours of the rainbow."]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    target, tokenizer = load_target("smollm2-135m", dtype="fp32")
+    return target, tokenizer, load_drafter("auto", target, target_name="smollm2-135m")
+
+
+def test_smollm2_end_to_end_is_lossless(smollm2):
+    target, tokenizer, drafter = smollm2
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in PROMPTS]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = generate(target, drafter, batch.input_ids, batch.attention_mask, max_new_tokens=40, tokenizer=tokenizer)
+    enable_adaflash(target)
+    for row, text in enumerate(texts):
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+        plain = target.generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1]:].tolist()
+        width = batch.input_ids.shape[1]
+        assert out.sequences[row, width: width + out.num_new_tokens[row]].tolist() == plain
+        assisted = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False)[0, ids.shape[1]:]
+        assert assisted.tolist() == plain
+    assert tokenizer.decode(out.sequences[0, batch.input_ids.shape[1]:], skip_special_tokens=True).strip()
+    assert out.mean_accepted_length >= 1.0
