@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from test_integration import word_tokenizer
 
 from adaflash_hf import AdaFlashDrafter
 from adaflash_hf.bench import BenchArgs
 from adaflash_hf.cli import COMMANDS, main
+
 from conftest import tiny_target
-from test_integration import word_tokenizer
 
 
 @pytest.fixture

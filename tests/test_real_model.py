@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from adaflash_hf import enable_adaflash, generate, load_target
 from adaflash_hf.drafters import load_drafter

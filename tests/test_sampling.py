@@ -92,6 +92,7 @@ def test_sampling_params_validation():
 def test_engine_sampling_reproduces_target_distribution(draft_sampling):
     """End to end: the engine's (x1, x2, x3) over many rows follows the target's own sampling law."""
     from adaflash_hf import AdaFlashDrafter, generate
+
     from conftest import OracleDrafter, greedy_reference, tiny_target
 
     target = tiny_target("llama", seed=7)
