@@ -13,9 +13,9 @@ from transformers import AutoConfig, AutoModel
 
 from .configuration_adaflash import AdaFlashDrafterConfig
 from .decoding.engine import generate
-from .drafters import load_drafter
 from .decoding.outputs import SpeculativeGenerateOutput, SpeculativeStats
 from .decoding.policy import FixedVerifyLength, VerifyLengthPolicy
+from .drafters import load_drafter
 from .integration import AdaFlashCandidateGenerator, enable_adaflash, last_generation_stats
 from .modeling_adaflash import AdaFlashDrafter
 from .targets import load_target

@@ -151,7 +151,9 @@ def run_bench(args: BenchArgs) -> int:
 
     results = summarise(records, methods)
     print_table(results)
-    payload = {"args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
+    from .cli import command_line
+
+    payload = {"command": command_line("bench", args), "args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
                "torch_threads": torch.get_num_threads(), "results": results, "records": records}
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[bench] wrote {args.json}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import shlex
 import sys
 import time
 import types
@@ -51,6 +52,25 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
             parser.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=default, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=default, required=required, help=help_text)
+
+
+def command_line(command: str, config) -> str:
+    """The ``adaflash <command>`` line that rebuilds dataclass ``config`` (non-default fields only)."""
+    parts = [f"adaflash {command}"]
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if value == default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        elif isinstance(value, list | tuple):
+            parts.append(f"{flag} " + " ".join(map(str, value)))
+        elif value is not None:
+            parts.append(f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):

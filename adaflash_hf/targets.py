@@ -51,6 +51,7 @@ class TargetPreset:
     gguf_size: int  # expected size of the assembled GGUF in bytes
     gguf_sha256: str  # expected sha256 hex digest of the assembled GGUF
     eos_tokens: tuple[str, ...]  # tokens that end an assistant turn (generation_config.eos_token_id)
+    hub_id: str  # the original model on the Hugging Face Hub (model cards' base_model)
 
 
 def _parts(package: str, version: str, count: int, member: str) -> tuple[tuple[str, str, str], ...]:
@@ -67,6 +68,7 @@ PRESETS: dict[str, TargetPreset] = {
         gguf_size=98_362_432,
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         eos_tokens=("<|im_end|>",),
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "qwen2.5-coder-1.5b": TargetPreset(
         name="qwen2.5-coder-1.5b",
@@ -76,6 +78,7 @@ PRESETS: dict[str, TargetPreset] = {
         gguf_size=1_117_320_768,
         gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ),
     "qwen2.5-coder-0.5b": TargetPreset(
         name="qwen2.5-coder-0.5b",
@@ -85,6 +88,7 @@ PRESETS: dict[str, TargetPreset] = {
         gguf_size=491_400_064,
         gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
 }
 DEFAULT_TARGET = "smollm2-135m"

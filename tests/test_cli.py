@@ -70,3 +70,23 @@ def test_every_command_has_help(capsys):
             main([name, "--help"])
         assert exit_info.value.code == 0
     assert "--max-new-tokens" in capsys.readouterr().out
+
+
+def test_model_card_carries_metadata_results_and_command(model_dirs, tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from adaflash_hf.model_card import write_model_card
+    from adaflash_hf.training.trainer import TrainDrafterConfig
+
+    _, drafter = model_dirs
+    recipe = asdict(TrainDrafterConfig(output_dir="runs/x", block_size=8, num_anchors=128))
+    summary = {"recipe": recipe, "data_sizes": {"corpus_tokens": 1000}, "steps": 10, "supervised_tokens_seen": 5,
+               "wall_minutes": 3.0, "data_minutes": 1.0, "train_minutes": 2.0,
+               "held_out_teacher_forced": {"tau": 1.8, "position_acceptance": [0.5, 0.3]},
+               "engine_check": {"tau": 1.7, "spec_tokens_per_s": 30.0, "plain_tokens_per_s": 20.0}}
+    (drafter / "training_summary.json").write_text(json.dumps(summary))
+    card = write_model_card(drafter).read_text()
+    assert card.startswith("---\nlibrary_name: adaflash-hf\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert "tau 1.800" in card and "30.0 tok/s speculative vs 20.0" in card
+    assert "adaflash train-drafter --output-dir runs/x" in card and "--num-anchors 128" in card

@@ -93,7 +93,7 @@ def _fake_preset(tmp_path: Path, chunks: list[bytes], sha256: str | None = None)
     whole = b"".join(chunks)
     return TargetPreset(name="fake", description="fake", chunks=tuple(entries), gguf_file="fake.gguf",
                         gguf_size=len(whole), gguf_sha256=sha256 or hashlib.sha256(whole).hexdigest(),
-                        eos_tokens=("</s>",))
+                        eos_tokens=("</s>",), hub_id="fake/fake")
 
 
 @pytest.fixture

@@ -1,0 +1,109 @@
+"""Model cards for drafter folders: Hub metadata plus the measured results and the command behind them.
+
+A card is rendered from the training summary the trainer writes (``training_summary.json``) and,
+optionally, an ``adaflash bench`` JSON; it never contains a number that is not in those files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .cli import command_line
+from .targets import PRESETS
+from .training.trainer import TrainDrafterConfig
+
+
+def render_model_card(config: dict, summary: dict, bench: dict | None = None, repo_id: str | None = None) -> str:
+    recipe = summary.get("recipe", {})
+    target = recipe.get("target", "unknown")
+    base_model = PRESETS[target].hub_id if target in PRESETS else target
+    held_out = summary.get("held_out_teacher_forced") or {}
+    engine = summary.get("engine_check") or {}
+    lines = [
+        "---",
+        "library_name: adaflash-hf",
+        f"base_model: {base_model}",
+        "license: apache-2.0",
+        "tags: [speculative-decoding, dflash, adaflash, block-diffusion, drafter]",
+        "---",
+        "",
+        f"# AdaFlash drafter for {base_model}",
+        "",
+        "A block-diffusion drafter (DFlash architecture) for lossless speculative decoding of "
+        f"`{base_model}` with adaflash-hf: one forward pass proposes a block of {config['block_size']} tokens from the "
+        f"target's hidden states at layers {config['target_layer_ids']}; the target verifies the block in one pass, "
+        "so its output is unchanged.",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from adaflash_hf import AdaFlashDrafter, enable_adaflash, load_target",
+        f'target, tokenizer = load_target("{target}")',
+        f'drafter = AdaFlashDrafter.from_pretrained("{repo_id or "path/to/this/folder"}").to(target.dtype)',
+        "enable_adaflash(target)",
+        "out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=128)",
+        "```",
+        "",
+        "Without adaflash-hf: `AutoModel.from_pretrained(path, trust_remote_code=True)` loads it, and "
+        "transformers' `generate(..., assistant_model=drafter, speculation_type=\"dflash\")` uses it.",
+        "",
+        "## Architecture",
+        "",
+        f"- {config['num_hidden_layers']} draft layer(s), hidden size {config['hidden_size']}, block size "
+        f"{config['block_size']}, mask token id {config['mask_token_id']}, context from target layers {config['target_layer_ids']}",
+        "- the target's embeddings and lm_head are used at run time and are not stored here",
+        "",
+        "## Training",
+        "",
+        f"- data: {json.dumps(summary.get('data_sizes'))}",
+        f"- steps: {summary.get('steps')}, supervised tokens seen: {summary.get('supervised_tokens_seen')}",
+        f"- wall time: {summary.get('wall_minutes', 0):.1f} min in all ({summary.get('data_minutes', 0):.1f} data, "
+        f"{summary.get('train_minutes', 0):.1f} training) on a 2-core CPU",
+        "",
+        "Reproduce with:",
+        "",
+        "```bash",
+        command_line("train-drafter", TrainDrafterConfig(**recipe)),
+        "```",
+        "",
+        "## Measured results",
+        "",
+    ]
+    if held_out:
+        lines.append("Held-out eval split (never trained on), teacher-forced on the target's own greedy outputs:")
+        lines.append(f"tau {held_out.get('tau', float('nan')):.3f}, per-position acceptance "
+                     f"{[round(a, 3) for a in held_out.get('position_acceptance', [])[:8]]}.")
+    if engine:
+        lines.append("")
+        lines.append(f"Real engine on held-out prompts: tau {engine.get('tau', float('nan')):.3f}, "
+                     f"{engine.get('spec_tokens_per_s', float('nan')):.1f} tok/s speculative vs "
+                     f"{engine.get('plain_tokens_per_s', float('nan')):.1f} tok/s plain (same process).")
+    if bench:
+        lines += ["", f"`adaflash bench` ({bench.get('dtype', '?')}, {bench.get('torch_threads', '?')} CPU threads, batch 1, greedy):", "",
+                  "| domain | method | tok/s | tau | accept rate | speed-up | same as target |", "|---|---|---|---|---|---|---|"]
+        for r in bench["results"]:
+            accept = "-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}"
+            lines.append(f"| {r['domain']} | {r['method']} | {r['tokens_per_second']:.2f} | {r['mean_accepted_length']:.2f} | "
+                         f"{accept} | {r['speedup']:.2f}x | {r['same_as_target']:.2f} |")
+        if bench.get("command"):
+            lines += ["", f"Command: `{bench['command']}`"]
+    lines += ["", "## Limitations", "",
+              "Trained on a 2-core CPU in well under three hours, on far less data than published GPU-trained "
+              "DFlash drafters, so acceptance is much lower. The news, wiki and fiction domains were held out of "
+              "training and accept less.", ""]
+    return "\n".join(lines)
+
+
+def write_model_card(folder: str | Path, bench_json: str | Path | None = None, repo_id: str | None = None) -> Path:
+    """Write ``README.md`` into a drafter folder from its config and ``training_summary.json`` (and a bench JSON)."""
+    folder = Path(folder)
+    summary_path = folder / "training_summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{summary_path} is missing: model cards are rendered from the trainer's summary.")
+    config = json.loads((folder / "config.json").read_text())
+    summary = json.loads(summary_path.read_text())
+    bench = json.loads(Path(bench_json).read_text()) if bench_json else None
+    card = folder / "README.md"
+    card.write_text(render_model_card(config, summary, bench, repo_id))
+    return card
