@@ -1,0 +1,188 @@
+"""Training sequences for the drafter and the target features that supervise it.
+
+Two sources of token sequences, both stored as ``TrainingSequence`` (token ids plus the first
+supervised position):
+- self-distillation: the target answers chat-formatted prompts greedily, in left-padded batches;
+  the responses are cached on disk in shards, so an interrupted run resumes where it stopped;
+- teacher-forced corpus text: raw text is tokenized and packed into fixed-length windows; labels come
+  from one target forward over the window (the target's argmax at every position), which is about
+  15x cheaper per token than generating it.
+
+``target_features`` runs that forward: it returns the drafter's context (the selected target layers,
+concatenated) and the target's greedy labels for every position of a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TrainingSequence:
+    """One training sequence: ``input_ids`` (L,) and ``start``, the first supervised position.
+
+    Tokens at positions >= start are the target's own predictions (a response) or teacher-forced
+    text whose labels come from the target; tokens before start are prompt context only.
+    """
+
+    input_ids: torch.Tensor
+    start: int
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class Batch:
+    """Right-padded batch: input_ids, attention_mask and label_mask, all (b, L)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    label_mask: torch.Tensor
+
+    @property
+    def num_supervised(self) -> int:
+        return int(self.label_mask.sum())
+
+
+def collate(sequences: list[TrainingSequence], pad_token_id: int) -> Batch:
+    """Right-pad sequences into a :class:`Batch`; label_mask is True at positions start..len-1."""
+    length = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(sequences), length, dtype=torch.long)
+    label_mask = torch.zeros(len(sequences), length, dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        n = len(seq)
+        input_ids[row, :n] = seq.input_ids
+        attention_mask[row, :n] = 1
+        label_mask[row, max(seq.start, 1) : n] = True
+    return Batch(input_ids, attention_mask, label_mask)
+
+
+@torch.no_grad()
+def target_features(
+    target: PreTrainedModel, batch: Batch, layer_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One frozen target forward -> (context (b, L, n*H), labels (b, L)).
+
+    ``labels[:, t]`` is the target's argmax at position t - 1 (its greedy choice for token t);
+    ``labels[:, 0]`` is ``IGNORE_INDEX``. Layer i of ``layer_ids`` is ``hidden_states[i + 1]``.
+    """
+    device = target.device
+    out = target(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        output_hidden_states=True,
+        use_cache=False,
+    )
+    context = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)  # (b, L, n*H)
+    labels = torch.full_like(batch.input_ids, IGNORE_INDEX, device=device)
+    labels[:, 1:] = out.logits[:, :-1].argmax(-1)
+    return context, labels
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """Token ids of a one-turn user prompt with the chat template and the assistant header."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def pack_corpus(tokenizer: PreTrainedTokenizerBase, texts: list[str], seq_len: int) -> list[TrainingSequence]:
+    """Tokenize texts, join them with EOS and cut the stream into windows of ``seq_len`` tokens."""
+    if seq_len < 4:
+        raise ValueError(f"seq_len must be >= 4, got {seq_len}.")
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        stream.extend(ids)
+        stream.append(eos)
+    windows = torch.tensor(stream[: len(stream) // seq_len * seq_len], dtype=torch.long).view(-1, seq_len)  # (n, L)
+    return [TrainingSequence(w.clone(), 1) for w in windows]
+
+
+def _cache_key(prompts: list[str], max_new_tokens: int, max_prompt_tokens: int, target_name: str) -> str:
+    digest = hashlib.sha256()
+    for text in (target_name, str(max_new_tokens), str(max_prompt_tokens), *prompts):
+        digest.update(text.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+@torch.no_grad()
+def generate_responses(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    cache_dir: str | Path,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    max_prompt_tokens: int = 512,
+    shard_size: int = 64,
+    target_name: str = "",
+) -> list[TrainingSequence]:
+    """Greedy responses of ``target`` to chat-formatted ``prompts``, cached as shards under ``cache_dir``.
+
+    Prompts longer than ``max_prompt_tokens`` are skipped. Each shard (``shard_size`` prompts) is
+    written atomically once generated; a rerun loads finished shards and generates only the rest. A
+    sequence is ``prompt + response`` up to and including the first EOS, with ``start`` = prompt length.
+    """
+    cache_dir = Path(cache_dir) / _cache_key(prompts, max_new_tokens, max_prompt_tokens, target_name)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    (cache_dir / "meta.json").write_text(json.dumps(
+        {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "target": target_name}, indent=1
+    ))
+    encoded = [chat_prompt_ids(tokenizer, p) for p in prompts]
+    eos_ids = set(torch.tensor(target.generation_config.eos_token_id).flatten().tolist())
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    sequences: list[TrainingSequence] = []
+    num_shards = (len(prompts) + shard_size - 1) // shard_size
+    bar = tqdm(total=len(prompts), desc="self-distillation", unit="prompt")
+    for shard in range(num_shards):
+        path = cache_dir / f"shard_{shard:05d}.pt"
+        indices = range(shard * shard_size, min((shard + 1) * shard_size, len(prompts)))
+        if path.exists():
+            sequences.extend(TrainingSequence(ids, start) for ids, start in torch.load(path))
+            bar.update(len(indices))
+            continue
+        kept = sorted((i for i in indices if len(encoded[i]) <= max_prompt_tokens), key=lambda i: len(encoded[i]))
+        records: list[tuple[torch.Tensor, int]] = []
+        for lo in range(0, len(kept), batch_size):
+            rows = [encoded[i] for i in kept[lo : lo + batch_size]]
+            width = max(len(r) for r in rows)
+            input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+            for r, ids in enumerate(rows):  # left padding
+                input_ids[r, width - len(ids) :] = torch.tensor(ids)
+                attention_mask[r, width - len(ids) :] = 1
+            out = target.generate(
+                input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
+                do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+            ).cpu()
+            for r, ids in enumerate(rows):
+                response = out[r, width:].tolist()
+                end = next((j + 1 for j, t in enumerate(response) if t in eos_ids), len(response))
+                records.append((torch.tensor(ids + response[:end], dtype=torch.long), len(ids)))
+            bar.update(len(rows))
+        bar.update(len(indices) - len(kept))
+        tmp = path.with_suffix(".tmp")
+        torch.save(records, tmp)
+        tmp.replace(path)
+        sequences.extend(TrainingSequence(ids, start) for ids, start in records)
+    bar.close()
+    logger.info("self-distillation: %d sequences, %d response tokens",
+                len(sequences), sum(len(s) - s.start for s in sequences))
+    return sequences

@@ -1,0 +1,90 @@
+"""Training losses of the drafter, as pure functions over tensors.
+
+Shapes: ``N`` blocks, ``K`` supervised block positions (k = 1..K predict the tokens at anchor + k),
+``V`` vocabulary. Position k is weighted by exp(-(k-1)/gamma) because a rejection ends the block,
+so early positions decide the accepted length (DFlash). The OPD mix follows AdaFlash: cross-entropy
+against the target's greedy token plus a reverse KL clipped entry-wise, so a clipped entry has no
+gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def default_gamma(block_size: int) -> float:
+    """DFlash's decay constant: 7 for blocks of 16, 4 for blocks of 8 (about block_size / 2 otherwise)."""
+    return {16: 7.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2))
+
+
+def position_weights(block_size: int, gamma: float, num_positions: int | None = None) -> torch.Tensor:
+    """(K,) weights exp(-(k-1)/gamma) for block positions k = 1..K, K = num_positions or block_size - 1."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {block_size}.")
+    if gamma <= 0 or not math.isfinite(gamma):
+        raise ValueError(f"gamma must be a positive finite number, got {gamma}.")
+    num = block_size - 1 if num_positions is None else num_positions
+    if not 1 <= num <= block_size - 1:
+        raise ValueError(f"num_positions must be in [1, {block_size - 1}], got {num}.")
+    return torch.exp(-torch.arange(num, dtype=torch.float32) / gamma)
+
+
+def _weighted_mean(per_position: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Mean of (N, K) values weighted by position weights (broadcast to (N, K)) over valid labels; 0 when none is."""
+    w = weights.to(per_position.device, per_position.dtype) * (labels != ignore_index)  # (N, K)
+    return (per_position * w).sum() / w.sum().clamp_min(1e-12)
+
+
+def decayed_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, ignore_index: int = -100
+) -> torch.Tensor:
+    """Position-weighted cross-entropy.
+
+    logits (N, K, V), labels (N, K) with ``ignore_index`` where no label exists, weights (K,) (or any
+    shape broadcastable to labels, e.g. (n,) for a flat list of n gathered positions with logits (n, V)).
+    Returns a scalar: sum w_nk CE_nk / sum w_nk over valid (n, k).
+    """
+    ce = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.flatten().clamp_min(0), reduction="none"
+    ).view(labels.shape)  # (N, K)
+    ce = ce.masked_fill(labels == ignore_index, 0.0)
+    return _weighted_mean(ce, labels, weights, ignore_index)
+
+
+def clipped_reverse_kl(draft_logits: torch.Tensor, target_logits: torch.Tensor, clip: float) -> torch.Tensor:
+    """KL(p_draft || p_target) per position, clamped at ``clip``: (..., V), (..., V) -> (...).
+
+    ``clamp(max=clip)`` has zero gradient where the KL exceeds ``clip``: AdaFlash's entry-wise clipping.
+    The target is a fixed teacher (detached).
+    """
+    log_q = F.log_softmax(draft_logits.float(), dim=-1)
+    log_p = F.log_softmax(target_logits.detach().float(), dim=-1)
+    kl = (log_q.exp() * (log_q - log_p)).sum(-1)
+    return kl.clamp(max=clip)
+
+
+def opd_loss(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    alpha: float = 0.8,
+    clip: float = 0.01,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """On-policy distillation loss: alpha * CE(draft, labels) + (1 - alpha) * clipped reverse KL.
+
+    draft_logits, target_logits (N, K, V); labels (N, K), the target's greedy tokens (``ignore_index``
+    where none); weights (K,) position decay. Returns the weighted mean over valid (n, k).
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+    ce = F.cross_entropy(
+        draft_logits.float().flatten(0, 1), labels.flatten().clamp_min(0), reduction="none"
+    ).view(labels.shape)  # (N, K)
+    kl = clipped_reverse_kl(draft_logits, target_logits, clip)  # (N, K)
+    per_position = (alpha * ce + (1 - alpha) * kl).masked_fill(labels == ignore_index, 0.0)
+    return _weighted_mean(per_position, labels, weights, ignore_index)

@@ -1,0 +1,528 @@
+"""Offline training of an AdaFlash drafter for a frozen target: `TrainDrafterConfig` + `train_drafter`.
+
+One step: target forward over a batch (context features + greedy labels) -> sample anchors ->
+drafter forward over all blocks at once -> target lm_head on the supervised block positions ->
+position-decayed cross-entropy -> AdamW. The loop runs under `accelerate.Accelerator`, so the same
+code runs on several GPUs; on CPU it is a thin wrapper and compute runs under bf16 autocast.
+
+Everything a run produces lives in ``output_dir``: ``data/`` (cached self-generated sequences, or
+``data_dir`` to share them between runs),
+``checkpoints/step_N/`` (drafter, optimizer, step, elapsed time, RNG; a rerun resumes from the
+latest), ``metrics.jsonl``, ``curves.png`` and ``drafter/`` (final bf16 weights plus
+``training_summary.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..modeling_adaflash import AdaFlashDrafter
+from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids, sample_anchors
+from .data import IGNORE_INDEX, Batch, TrainingSequence, collate, generate_responses, pack_corpus, target_features
+from .losses import decayed_cross_entropy, default_gamma, position_weights
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainDrafterConfig:
+    """Recipe of one drafter training run. Every field has a default except ``output_dir``."""
+
+    output_dir: str = field(metadata={"help": "Folder for data cache, checkpoints, metrics and the final drafter."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
+    target_dtype: str = field(default="bf16", metadata={"help": "dtype of the frozen target: bf16 or fp32."})
+    num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
+    block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers read as context (default: DFlash's choice)."})
+    mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
+    gamma: float | None = field(default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."})
+    loss_positions: int | None = field(default=None, metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."})
+    consistent_labels: bool = field(default=True, metadata={"help": "For teacher-forced text, drop block positions whose text prefix differs from the target's greedy tokens."})
+    num_anchors: int = field(default=64, metadata={"help": "Anchors (blocks) sampled per sequence per step."})
+    seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
+    batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch."})
+    grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    lr: float = field(default=6e-4, metadata={"help": "Peak AdamW learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps; cosine decay to 10% follows."})
+    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps (the run also stops at max_minutes)."})
+    max_minutes: float | None = field(default=None, metadata={"help": "Wall-clock budget of the training loop; the cosine follows whichever budget is nearer its end."})
+    eval_every: int = field(default=100, metadata={"help": "Steps between held-out evaluations."})
+    checkpoint_every: int = field(default=100, metadata={"help": "Steps between checkpoints (the latest two are kept)."})
+    seed: int = field(default=0, metadata={"help": "Seed of initialisation, data order and anchors."})
+    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of training prompts and corpus text."})
+    corpus_fraction: float = field(default=0.8, metadata={"help": "Fraction of micro-batches from teacher-forced corpus text; the rest are self-generated responses."})
+    corpus_limit_per_domain: int | None = field(default=None, metadata={"help": "Cap on corpus text chunks per domain (None: all)."})
+    self_gen_prompts_per_domain: int = field(default=64, metadata={"help": "Training prompts per domain answered by the target (self-distillation)."})
+    eval_prompts_per_domain: int = field(default=16, metadata={"help": "Held-out prompts per domain for evaluation."})
+    gen_max_new_tokens: int = field(default=192, metadata={"help": "Response length of self-generated sequences."})
+    gen_batch_size: int = field(default=16, metadata={"help": "Batch size of self-generation."})
+    eval_anchors: int = field(default=64, metadata={"help": "Anchors per held-out sequence in the teacher-forced evaluation."})
+    engine_eval_prompts: int = field(default=6, metadata={"help": "Held-out prompts decoded with the real engine at the end (0: skip)."})
+    data_dir: str | None = field(default=None, metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default). On shared CPUs, 1 avoids oversubscription stalls."})
+    resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
+
+    def __post_init__(self) -> None:
+        positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "max_steps", "eval_every",
+                    "checkpoint_every", "gen_max_new_tokens", "gen_batch_size", "eval_anchors", "eval_prompts_per_domain")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + at least one mask), got {self.block_size}.")
+        if self.gamma is None:
+            self.gamma = default_gamma(self.block_size)
+        if self.gamma <= 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}.")
+        if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
+            raise ValueError(f"loss_positions must be in [1, block_size - 1 = {self.block_size - 1}], got {self.loss_positions}.")
+        if not 0.0 <= self.corpus_fraction <= 1.0:
+            raise ValueError(f"corpus_fraction must be in [0, 1], got {self.corpus_fraction}.")
+        if self.corpus_fraction < 1.0 and self.self_gen_prompts_per_domain < 1:
+            raise ValueError("corpus_fraction < 1 needs self-generated data: set self_gen_prompts_per_domain >= 1.")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}.")
+        if self.warmup_steps < 0 or self.engine_eval_prompts < 0:
+            raise ValueError("warmup_steps and engine_eval_prompts must be >= 0.")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
+        if self.seq_len < 2 * self.block_size:
+            raise ValueError(f"seq_len ({self.seq_len}) must be at least 2 * block_size ({2 * self.block_size}).")
+        if self.target_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"target_dtype must be 'bf16' or 'fp32', got {self.target_dtype!r}.")
+        if not self.train_domains:
+            raise ValueError("train_domains is empty.")
+
+
+def pick_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The highest-id special token that is neither bos/eos/pad/unk nor used by the chat template.
+
+    Such rows are trained embeddings that ordinary text never produces (SmolLM2: 16 ``<empty_output>``).
+    """
+    reserved = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = tokenizer.chat_template or ""
+    candidates = [
+        i for i, tok in tokenizer.added_tokens_decoder.items()
+        if tok.special and i not in reserved and tok.content not in template
+    ]
+    if not candidates:
+        raise ValueError("The tokenizer has no unused special token: pass mask_token_id explicitly.")
+    return max(candidates)
+
+
+# --------------------------------------------------------------------------------------------
+# The step: one function shared by training and evaluation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BlockOutput:
+    """Per-block results of one drafter forward over sampled anchors.
+
+    loss: scalar weighted CE. predictions, labels: (b, A, K) drafter argmax and labels
+    (``IGNORE_INDEX`` where none). Predictions exist where labels do.
+    """
+
+    loss: torch.Tensor
+    predictions: torch.Tensor
+    labels: torch.Tensor
+
+
+def drafter_block_forward(
+    drafter: AdaFlashDrafter,
+    target: PreTrainedModel,
+    batch: Batch,
+    context: torch.Tensor,
+    labels: torch.Tensor,
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    weights: torch.Tensor,
+    consistent_labels: bool,
+) -> BlockOutput:
+    """Drafter forward over every block of a batch, lm_head only on labelled positions, weighted CE.
+
+    context (b, L, n*H) and labels (b, L) come from :func:`target_features`; anchors/anchor_valid (b, A);
+    weights (K,) for block positions 1..K (K <= block_size - 1).
+    """
+    block_size = drafter.config.block_size
+    num_positions = weights.shape[0]
+    device = context.device
+    input_ids = batch.input_ids.to(device)
+    b, seq_len = input_ids.shape
+    num_anchors = anchors.shape[1]
+    embed = target.get_input_embeddings()
+    lm_head = target.get_output_embeddings()
+
+    noise_embeds = embed(block_input_ids(input_ids, anchors, block_size, drafter.config.mask_token_id))  # (b, A*B, H)
+    position_ids = torch.cat(
+        [torch.arange(seq_len, device=device).expand(b, -1), block_position_ids(anchors, block_size)], dim=1
+    )  # (b, L + A*B)
+    compute_dtype = torch.bfloat16 if torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled() else noise_embeds.dtype
+    mask = block_attention_mask(anchors, seq_len, block_size, compute_dtype)
+    hidden = drafter(
+        noise_embeds=noise_embeds, context_hidden_states=context, position_ids=position_ids, attention_mask=mask
+    ).last_hidden_state  # (b, A*B, H)
+    hidden = hidden.view(b, num_anchors, block_size, -1)[:, :, 1 : 1 + num_positions]  # (b, A, K, H)
+
+    block_lab = block_labels(
+        labels, batch.label_mask.to(device), anchors, anchor_valid, block_size,
+        input_ids=input_ids if consistent_labels else None,
+    )[:, :, :num_positions]  # (b, A, K)
+    valid = block_lab != IGNORE_INDEX
+    logits = F.linear(hidden[valid], lm_head.weight.to(hidden.dtype))  # (n, V): only labelled positions pay the lm_head
+    flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
+    loss = decayed_cross_entropy(logits, block_lab[valid], flat_weights)
+    predictions = torch.full_like(block_lab, IGNORE_INDEX)
+    predictions[valid] = logits.argmax(-1)
+    return BlockOutput(loss, predictions, block_lab)
+
+
+def acceptance_counts(predictions: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forced greedy acceptance of (b, A, K) blocks.
+
+    Returns accepted (N,) leading matches per block that has a first label, hits (K,) and seen (K,)
+    where seen_k counts blocks whose positions 1..k-1 all matched and position k has a label, and
+    hits_k those of them that also match at k (so hits/seen = conditional acceptance a_k).
+    """
+    has_label = labels != IGNORE_INDEX
+    match = (predictions == labels) & has_label  # (b, A, K)
+    run = match.long().cumprod(-1)  # 1 while every position so far matched
+    prefix = torch.cat([torch.ones_like(run[..., :1]), run[..., :-1]], dim=-1)  # matched 1..k-1
+    seen = (prefix.bool() & has_label).flatten(0, 1).sum(0)  # (K,)
+    hits = run.flatten(0, 1).sum(0)  # (K,)
+    accepted = run.sum(-1)[has_label[..., 0]]  # (N,)
+    return accepted, hits, seen
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers of the loop
+# --------------------------------------------------------------------------------------------
+
+
+def lr_factor(step: int, elapsed_min: float, config: TrainDrafterConfig) -> float:
+    """Linear warmup, then cosine from 1 to 0.1 over the nearer of the step and time budgets."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    if config.max_minutes is not None:
+        progress = max(progress, elapsed_min / config.max_minutes)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _latest_checkpoint(output_dir: Path) -> Path | None:
+    found = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return found[-1] if found else None
+
+
+def _save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generator: torch.Generator) -> None:
+    root = output_dir / "checkpoints"
+    path = root / f"step_{state['step']}"
+    tmp = root / f"tmp_step_{state['step']}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(
+        {
+            "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "generator": generator.get_state()},
+        },
+        tmp / "checkpoint.pt",
+    )
+    drafter.config.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-2]:
+        shutil.rmtree(old)
+
+
+def _plot(metrics_path: Path, out_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    if evals:
+        axes[0].plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="held-out loss")
+        axes[1].plot([r["step"] for r in evals], [r["tau"] for r in evals], "o-", label="held-out tau (teacher-forced)")
+        last = evals[-1]["position_acceptance"]
+        for k in range(min(4, len(last))):
+            axes[2].plot([r["step"] for r in evals], [r["position_acceptance"][k] for r in evals], "o-", label=f"a_{k + 1}")
+    axes[1].plot([r["step"] for r in train], [r["train_tau"] for r in train], alpha=0.5, label="train tau")
+    for ax, title in zip(axes, ("loss", "tau", "held-out acceptance by position"), strict=True):
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
+@torch.no_grad()
+def evaluate(
+    drafter: AdaFlashDrafter,
+    target: PreTrainedModel,
+    sequences: list[TrainingSequence],
+    config: TrainDrafterConfig,
+    pad_token_id: int,
+    autocast,
+) -> dict:
+    """Teacher-forced held-out estimate: loss, tau = 1 + mean accepted drafts, acceptance by position."""
+    drafter.eval()
+    generator = torch.Generator().manual_seed(1234)  # the same anchors at every evaluation
+    weights = position_weights(config.block_size, config.gamma)
+    k = config.block_size - 1
+    hits, seen = torch.zeros(k), torch.zeros(k)
+    accepted, losses = [], []
+    for lo in range(0, len(sequences), 4):
+        batch = collate(sequences[lo : lo + 4], pad_token_id)
+        context, labels = target_features(target, batch, drafter.config.target_layer_ids)
+        anchors, valid = sample_anchors(batch.label_mask, config.eval_anchors, generator)
+        with autocast():
+            out = drafter_block_forward(drafter, target, batch, context, labels, anchors.to(context.device),
+                                        valid.to(context.device), weights, consistent_labels=True)
+        acc, h, s = acceptance_counts(out.predictions.cpu(), out.labels.cpu())
+        accepted.append(acc)
+        hits += h
+        seen += s
+        losses.append(float(out.loss))
+    drafter.train()
+    accepted_all = torch.cat(accepted).float()
+    return {
+        "loss": sum(losses) / len(losses),
+        "tau": 1.0 + float(accepted_all.mean()),
+        "position_acceptance": (hits / seen.clamp_min(1)).tolist(),
+    }
+
+
+@torch.no_grad()
+def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens: int) -> dict:
+    """Real speculative decoding (batch 1, greedy) on a few held-out prompts: tau, acceptance, speed."""
+    from ..decoding.engine import generate
+    from .data import chat_prompt_ids
+
+    drafter.eval()
+    taus, rounds, tokens, spec_s, plain_s, plain_tokens = [], [], 0, 0.0, 0.0, 0
+    all_stats = None
+    for prompt in prompts:
+        ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], device=target.device)
+        start = time.perf_counter()
+        out = generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens)
+        spec_s += time.perf_counter() - start
+        tokens += out.num_new_tokens[0]
+        taus.append(out.stats.mean_accepted_length)
+        rounds.append(out.stats.num_rounds)
+        if all_stats is None:
+            all_stats = out.stats
+        else:
+            all_stats.merge(out.stats)
+        start = time.perf_counter()
+        plain = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        plain_s += time.perf_counter() - start
+        plain_tokens += plain.shape[1] - ids.shape[1]
+    return {
+        "tau": all_stats.mean_accepted_length,
+        "position_acceptance": all_stats.position_acceptance(min(8, drafter.config.block_size - 1)),
+        "spec_tokens_per_s": tokens / spec_s,
+        "plain_tokens_per_s": plain_tokens / plain_s,
+        "num_prompts": len(prompts),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = None,
+                  tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
+    """Train a drafter for ``config.target`` and return the folder of the final bf16 drafter.
+
+    ``target``/``tokenizer`` may be passed already loaded (tests use tiny random models); otherwise
+    ``config.target`` is loaded with :func:`adaflash_hf.targets.load_target`.
+    """
+    from accelerate import Accelerator
+
+    from ..data import load_prompts, load_text_corpus
+
+    wall_start = time.perf_counter()
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    random.seed(config.seed + accelerator.process_index)
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed + accelerator.process_index)
+
+    # 1. Frozen target.
+    if target is None or tokenizer is None:
+        from ..targets import load_target
+
+        target, tokenizer = load_target(config.target, dtype=torch.bfloat16 if config.target_dtype == "bf16" else torch.float32)
+    target = target.to(accelerator.device).eval().requires_grad_(False)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # 2. Data: held-out self-generated responses, training responses and packed corpus text.
+    data_start = time.perf_counter()
+    gen_kwargs = dict(max_new_tokens=config.gen_max_new_tokens, batch_size=config.gen_batch_size, target_name=config.target)
+    eval_prompts = load_prompts(config.train_domains, split="eval", limit_per_domain=config.eval_prompts_per_domain)
+    data_dir = Path(config.data_dir) if config.data_dir is not None else output_dir / "data"
+    eval_sequences = generate_responses(target, tokenizer, list(eval_prompts["prompt"]), data_dir / "eval", **gen_kwargs)
+    self_gen: list[TrainingSequence] = []
+    if config.corpus_fraction < 1.0:
+        train_prompts = load_prompts(config.train_domains, split="train",
+                                     limit_per_domain=config.self_gen_prompts_per_domain, seed=config.seed)
+        self_gen = generate_responses(target, tokenizer, list(train_prompts["prompt"]), data_dir / "train", **gen_kwargs)
+    corpus: list[TrainingSequence] = []
+    if config.corpus_fraction > 0.0:
+        texts = load_text_corpus(config.train_domains, split="train", limit_per_domain=config.corpus_limit_per_domain, seed=config.seed)
+        corpus = pack_corpus(tokenizer, list(texts["text"]), config.seq_len)
+    data_minutes = (time.perf_counter() - data_start) / 60
+    data_sizes = {
+        "corpus_sequences": len(corpus), "corpus_tokens": sum(len(s) for s in corpus),
+        "self_gen_sequences": len(self_gen), "self_gen_response_tokens": sum(len(s) - s.start for s in self_gen),
+        "eval_sequences": len(eval_sequences), "eval_response_tokens": sum(len(s) - s.start for s in eval_sequences),
+    }
+    logger.info("data ready in %.1f min: %s", data_minutes, data_sizes)
+
+    # 3. Drafter, optimizer, resume.
+    mask_token_id = config.mask_token_id if config.mask_token_id is not None else pick_mask_token_id(tokenizer)
+    overrides = {"mask_token_id": mask_token_id}
+    if config.target_layer_ids is not None:
+        overrides["target_layer_ids"] = list(config.target_layer_ids)
+    drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
+    # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
+    with torch.no_grad():
+        drafter.norm.weight.copy_(target.get_decoder().norm.weight.float())
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    state = {"step": 0, "train_minutes": 0.0, "tokens_seen": 0}
+    latest = _latest_checkpoint(output_dir) if config.resume else None
+    if latest is not None:
+        ckpt = torch.load(latest / "checkpoint.pt", weights_only=False)
+        drafter.load_state_dict(ckpt["drafter"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        random.setstate(ckpt["rng"]["python"])
+        generator.set_state(ckpt["rng"]["generator"])
+        logger.info("resumed from %s (step %d)", latest, state["step"])
+    drafter, optimizer = accelerator.prepare(drafter, optimizer)
+    raw_drafter = accelerator.unwrap_model(drafter)
+    raw_drafter.train()
+    weights = position_weights(config.block_size, config.gamma, config.loss_positions)
+
+    def autocast():
+        return torch.autocast(accelerator.device.type, dtype=torch.bfloat16)
+
+    metrics_path = output_dir / "metrics.jsonl"
+    metrics = metrics_path.open("a")
+
+    def log(record: dict) -> None:
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+
+    def next_batch() -> Batch:
+        use_corpus = not self_gen or (corpus and torch.rand((), generator=generator).item() < config.corpus_fraction)
+        pool = corpus if use_corpus else self_gen
+        picks = torch.randint(len(pool), (config.batch_size,), generator=generator).tolist()
+        return collate([pool[i] for i in picks], pad_id)
+
+    # 4. Train: target features -> anchors -> drafter blocks -> weighted CE -> AdamW.
+    last_eval = None
+    loop_start = time.perf_counter() - state["train_minutes"] * 60
+    bar = tqdm(total=config.max_steps, initial=state["step"], desc="train drafter", unit="step")
+    recent_loss, recent_acc = [], []
+    while state["step"] < config.max_steps:
+        elapsed_min = (time.perf_counter() - loop_start) / 60
+        if config.max_minutes is not None and elapsed_min >= config.max_minutes:
+            logger.info("time budget of %.1f min reached at step %d", config.max_minutes, state["step"])
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * lr_factor(state["step"], elapsed_min, config)
+        accepted = []
+        for _ in range(config.grad_accum):
+            batch = next_batch()
+            tick = time.perf_counter()
+            context, labels = target_features(target, batch, raw_drafter.config.target_layer_ids)
+            state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
+            anchors, valid = sample_anchors(batch.label_mask, config.num_anchors, generator)
+            with autocast():
+                out = drafter_block_forward(raw_drafter, target, batch, context, labels, anchors.to(context.device),
+                                            valid.to(context.device), weights, config.consistent_labels)
+            accelerator.backward(out.loss / config.grad_accum)
+            accepted.append(acceptance_counts(out.predictions.cpu(), out.labels.cpu())[0])
+            state["tokens_seen"] += batch.num_supervised
+        accelerator.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["train_minutes"] = (time.perf_counter() - loop_start) / 60
+
+        recent_loss.append(float(out.loss.detach()))
+        recent_acc.append(1.0 + float(torch.cat(accepted).float().mean()))
+        recent_loss, recent_acc = recent_loss[-20:], recent_acc[-20:]
+        train_loss, train_tau = sum(recent_loss) / len(recent_loss), sum(recent_acc) / len(recent_acc)
+        bar.update(1)
+        bar.set_postfix(loss=f"{train_loss:.3f}", tau=f"{train_tau:.2f}", held_out=f"{last_eval['tau']:.3f}" if last_eval else "-")
+        if state["step"] % 10 == 0:
+            log({"kind": "train", "step": state["step"], "minutes": state["train_minutes"], "loss": train_loss,
+                 "train_tau": train_tau, "lr": optimizer.param_groups[0]["lr"], "tokens_seen": state["tokens_seen"],
+                 "target_forward_fraction": state.get("target_seconds", 0.0) / max(1e-9, state["train_minutes"] * 60)})
+        if state["step"] % config.eval_every == 0:
+            last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
+            log({"kind": "eval", "step": state["step"], "minutes": state["train_minutes"], **last_eval})
+            logger.info("step %d: held-out tau %.3f, acceptance %s", state["step"], last_eval["tau"],
+                        [round(a, 3) for a in last_eval["position_acceptance"][:4]])
+            _plot(metrics_path, output_dir / "curves.png")
+        if state["step"] % config.checkpoint_every == 0 and accelerator.is_main_process:
+            _save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
+    bar.close()
+    if accelerator.is_main_process:
+        _save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
+
+    # 5. Final held-out evaluation, a real-engine check, bf16 weights and the summary.
+    final_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
+    log({"kind": "eval", "step": state["step"], "minutes": state["train_minutes"], **final_eval})
+    metrics.close()
+    _plot(metrics_path, output_dir / "curves.png")
+    final_dir = output_dir / "drafter"
+    if accelerator.is_main_process:
+        raw_drafter.to(torch.bfloat16).save_pretrained(final_dir)
+    engine = None
+    if config.engine_eval_prompts:
+        picks = list(eval_prompts["prompt"])[:: max(1, len(eval_prompts) // config.engine_eval_prompts)][: config.engine_eval_prompts]
+        engine = engine_check(raw_drafter.to(target.dtype), target, tokenizer, picks, config.gen_max_new_tokens)
+        logger.info("engine check: tau %.3f, acceptance %s, %.1f tok/s speculative vs %.1f plain", engine["tau"],
+                    [round(a, 3) for a in engine["position_acceptance"][:4]], engine["spec_tokens_per_s"],
+                    engine["plain_tokens_per_s"])
+    if accelerator.is_main_process:
+        summary = {
+            "recipe": asdict(config), "mask_token_id": mask_token_id,
+            "target_layer_ids": raw_drafter.config.target_layer_ids, "data_sizes": data_sizes,
+            "data_minutes": data_minutes, "train_minutes": state["train_minutes"], "steps": state["step"],
+            "supervised_tokens_seen": state["tokens_seen"],
+            "wall_minutes": (time.perf_counter() - wall_start) / 60,
+            "held_out_teacher_forced": final_eval, "engine_check": engine,
+        }
+        (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    return final_dir

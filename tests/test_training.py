@@ -1,0 +1,232 @@
+"""Tests for adaflash_hf.training: loss identities, anchor/mask invariants, training == inference
+forward, and a tiny end-to-end run that checkpoints and resumes (tiny random models, CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from adaflash_hf.modeling_adaflash import AdaFlashDrafter
+from adaflash_hf.training import TrainDrafterConfig, train_drafter
+from adaflash_hf.training.anchors import (
+    block_attention_mask,
+    block_input_ids,
+    block_labels,
+    block_position_ids,
+    sample_anchors,
+)
+from adaflash_hf.training.losses import clipped_reverse_kl, decayed_cross_entropy, opd_loss, position_weights
+from adaflash_hf.training.trainer import acceptance_counts
+
+MASK = 3
+
+
+def tiny_target(vocab: int = 64, layers: int = 4) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+# ---------------------------------------------------------------------------------------------- losses
+
+
+def test_position_weights_decay_exponentially():
+    w = position_weights(16, 7.0)
+    assert w.shape == (15,) and w[0] == 1.0
+    torch.testing.assert_close(w[1:] / w[:-1], torch.full((14,), float(torch.exp(torch.tensor(-1 / 7)))))
+    assert position_weights(8, 4.0, num_positions=3).shape == (3,)
+    with pytest.raises(ValueError, match="num_positions"):
+        position_weights(8, 4.0, num_positions=8)
+
+
+def test_cross_entropy_vanishes_on_confident_correct_logits_and_ignores_masked():
+    labels = torch.tensor([[1, 4, -100], [0, 2, 3]])
+    logits = torch.nn.functional.one_hot(labels.clamp_min(0), 5).float() * 100.0  # (N, K, V)
+    w = position_weights(4, 2.0)
+    assert decayed_cross_entropy(logits, labels, w) < 1e-6
+    wrong = logits.clone()
+    wrong[1, 2] = 0.0  # uniform at one position: CE = log 5 there
+    expected = w[2] * torch.log(torch.tensor(5.0)) / (w.sum() * 2 - w[2])
+    torch.testing.assert_close(decayed_cross_entropy(wrong, labels, w), expected)
+    garbage = logits.clone()
+    garbage[0, 2] = torch.randn(5) * 50  # an ignored position changes nothing
+    assert decayed_cross_entropy(garbage, labels, w) < 1e-6
+
+
+def test_reverse_kl_zero_on_identical_inputs_and_clipping_stops_gradients():
+    logits = torch.randn(3, 4, 11)
+    torch.testing.assert_close(clipped_reverse_kl(logits, logits, clip=0.01), torch.zeros(3, 4), atol=1e-6, rtol=0)
+    draft = torch.randn(2, 11, requires_grad=True)
+    target = torch.randn(2, 11)
+    target[0] = draft[0].detach() + 1e-3 * torch.randn(11)  # tiny KL: below the clip
+    kl = clipped_reverse_kl(draft, target, clip=0.01)
+    assert kl[0] < 0.01 and kl[1] == 0.01  # row 1 is far: clipped
+    kl.sum().backward()
+    assert draft.grad[1].abs().max() == 0 and draft.grad[0].abs().max() > 0
+
+
+def test_opd_loss_is_ce_when_alpha_one_and_kl_mix_otherwise():
+    draft, target = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
+    labels = torch.randint(0, 7, (2, 3))
+    w = position_weights(4, 2.0)
+    torch.testing.assert_close(opd_loss(draft, target, labels, w, alpha=1.0), decayed_cross_entropy(draft, labels, w))
+    mixed = opd_loss(draft, target, labels, w, alpha=0.8, clip=0.01)
+    ce = decayed_cross_entropy(draft, labels, w)
+    assert 0.8 * ce <= mixed <= 0.8 * ce + 0.2 * 0.01 + 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- anchors
+
+
+def test_anchors_lie_inside_the_label_region():
+    label_mask = torch.zeros(3, 30, dtype=torch.bool)
+    label_mask[0, 10:30] = True
+    label_mask[1, 5:9] = True  # 3 candidates only
+    label_mask[2, 1:20] = True
+    anchors, valid = sample_anchors(label_mask, 8, torch.Generator().manual_seed(0))
+    assert valid.sum(1).tolist() == [8, 3, 8]
+    for row in range(3):
+        a = anchors[row][valid[row]]
+        assert (label_mask[row, a] & label_mask[row, a + 1]).all()
+        assert (a[1:] > a[:-1]).all()  # distinct and sorted
+
+
+def test_block_mask_sees_only_earlier_context_and_its_own_block():
+    anchors = torch.tensor([[2, 5, 9]])
+    bs, length = 4, 12
+    mask = block_attention_mask(anchors, length, bs, torch.float32)[0, 0] == 0  # (A*B, L + A*B) visible
+    assert mask.shape == (12, 24)
+    for j, a in enumerate(anchors[0].tolist()):
+        rows = mask[j * bs : (j + 1) * bs]
+        assert rows[:, :a].all() and not rows[:, a:length].any()  # context strictly before the anchor
+        blocks = rows[:, length:].view(bs, 3, bs)
+        assert blocks[:, j].all()  # bidirectional inside the block
+        assert not blocks[:, [i for i in range(3) if i != j]].any()  # nothing of other blocks
+    assert block_position_ids(anchors, bs).tolist() == [[2, 3, 4, 5, 5, 6, 7, 8, 9, 10, 11, 12]]
+    ids = torch.arange(12)[None] + 10
+    assert block_input_ids(ids, anchors, bs, MASK).tolist() == [[12, 3, 3, 3, 15, 3, 3, 3, 19, 3, 3, 3]]
+
+
+def test_block_labels_stop_at_sequence_end_and_at_the_first_disagreement():
+    input_ids = torch.arange(10)[None]
+    labels = input_ids.clone()
+    labels[0, 4] = 99  # the target would not have produced token 4
+    label_mask = torch.ones(1, 10, dtype=torch.bool)
+    anchors, valid = torch.tensor([[1, 7]]), torch.tensor([[True, True]])
+    out = block_labels(labels, label_mask, anchors, valid, 4)
+    assert out.tolist() == [[[2, 3, 99], [8, 9, -100]]]
+    consistent = block_labels(labels, label_mask, anchors, valid, 4, input_ids=input_ids)
+    assert consistent.tolist() == [[[2, 3, 99], [8, 9, -100]]]  # label at 4 is kept, prefix 2, 3 agrees
+    consistent = block_labels(labels, label_mask, torch.tensor([[3, 7]]), valid, 4, input_ids=input_ids)
+    assert consistent[0, 0].tolist() == [99, -100, -100]  # text token 4 != greedy 99: later labels dropped
+
+
+def test_acceptance_counts_leading_matches():
+    labels = torch.tensor([[[1, 2, 3], [4, 5, -100], [-100, -100, -100]]])
+    predictions = torch.tensor([[[1, 0, 3], [4, 5, -100], [-100, -100, -100]]])
+    accepted, hits, seen = acceptance_counts(predictions, labels)
+    assert accepted.tolist() == [1, 2]
+    assert hits.tolist() == [2, 1, 0] and seen.tolist() == [2, 2, 0]
+
+
+# ---------------------------------------------------------------------------------------------- equivalence
+
+
+def test_training_forward_equals_incremental_inference_forward():
+    """All blocks at once with the 4-D training mask == the engine's rounds through a DynamicCache."""
+    target = tiny_target().float()
+    drafter = AdaFlashDrafter.from_target(target, num_layers=2, block_size=4, mask_token_id=MASK).float().eval()
+    torch.manual_seed(1)
+    length, bs = 16, 4
+    ids = torch.randint(4, 64, (1, length))
+    with torch.no_grad():
+        hidden = target(ids, output_hidden_states=True).hidden_states
+        context = torch.cat([hidden[i + 1] for i in drafter.config.target_layer_ids], dim=-1)  # (1, L, n*H)
+        anchors = torch.tensor([[3, 7, 12]])
+        embeds = target.get_input_embeddings()(block_input_ids(ids, anchors, bs, MASK))
+        train_out = drafter(
+            noise_embeds=embeds, context_hidden_states=context,
+            position_ids=torch.cat([torch.arange(length)[None], block_position_ids(anchors, bs)], dim=1),
+            attention_mask=block_attention_mask(anchors, length, bs, torch.float32),
+        ).last_hidden_state.view(1, 3, bs, -1)  # (1, A, B, H)
+
+        cache, fed = DynamicCache(), 0
+        for j, a in enumerate(anchors[0].tolist()):
+            block = embeds.view(1, 3, bs, -1)[:, j]
+            positions = torch.cat([torch.arange(fed, a), torch.arange(a, a + bs)])[None]
+            inference = drafter(
+                noise_embeds=block, context_hidden_states=context[:, fed:a], position_ids=positions,
+                attention_mask=torch.ones(1, a + bs, dtype=torch.long), cache=cache,
+            ).last_hidden_state
+            cache.crop(-bs)  # as the engine: keep the context, drop the block
+            fed = a
+            torch.testing.assert_close(train_out[:, j], inference, atol=1e-5, rtol=1e-4)
+            lm_head = target.get_output_embeddings()
+            assert torch.equal(lm_head(train_out[:, j, 1:]).argmax(-1), lm_head(inference[:, 1:]).argmax(-1))
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer: 256 byte tokens after 4 specials, with a ChatML template."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<mask>": 3}
+    vocab.update({ch: i + 4 for i, ch in enumerate(sorted(alphabet))})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
+        unk_token="<|endoftext|>", additional_special_tokens=["<mask>"],
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tokenizer
+
+
+def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
+    tokenizer = byte_tokenizer()
+    target = tiny_target(vocab=len(tokenizer), layers=4)
+    target.generation_config.eos_token_id = 2
+    target.generation_config.pad_token_id = 2
+    common = dict(
+        output_dir=str(tmp_path / "run"), target="tiny", target_dtype="fp32", block_size=4, num_anchors=8,
+        seq_len=32, train_domains=["math"], corpus_fraction=0.5, corpus_limit_per_domain=4,
+        self_gen_prompts_per_domain=2, eval_prompts_per_domain=2, gen_max_new_tokens=6, gen_batch_size=2,
+        eval_anchors=4, eval_every=2, checkpoint_every=2, warmup_steps=1, engine_eval_prompts=1,
+    )
+    final = train_drafter(TrainDrafterConfig(max_steps=3, **common), target, tokenizer)
+    summary = json.loads((final / "training_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["mask_token_id"] == 3
+    assert (final / "model.safetensors").exists()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_2", "step_3"]
+    loaded = AdaFlashDrafter.from_pretrained(final)
+    assert loaded.dtype == torch.bfloat16 and loaded.config.block_size == 4
+
+    with caplog.at_level("INFO", logger="adaflash_hf.training.trainer"):
+        train_drafter(TrainDrafterConfig(max_steps=5, **common), target, tokenizer)
+    assert "resumed from" in caplog.text and "(step 3)" in caplog.text
+    summary = json.loads((final / "training_summary.json").read_text())
+    assert summary["steps"] == 5
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evals if r["kind"] == "eval"] == [2, 3, 4, 5]
+    assert (tmp_path / "run" / "curves.png").exists()
+
+
+def test_config_validates_with_clear_errors():
+    with pytest.raises(ValueError, match="block_size"):
+        TrainDrafterConfig(output_dir="x", block_size=1)
+    with pytest.raises(ValueError, match="loss_positions"):
+        TrainDrafterConfig(output_dir="x", block_size=8, loss_positions=8)
+    with pytest.raises(ValueError, match="corpus_fraction"):
+        TrainDrafterConfig(output_dir="x", corpus_fraction=1.5)
+    assert TrainDrafterConfig(output_dir="x", block_size=16).gamma == 7.0
