@@ -91,7 +91,9 @@ def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
 def sampling_params_from(config: GenerationConfig) -> SamplingParams:
     """Turn a GenerationConfig into SamplingParams, refusing what speculative decoding cannot do losslessly."""
     if config.max_new_tokens is None or config.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
+        raise ValueError(
+            f"max_new_tokens={config.max_new_tokens} (max_length={config.max_length}): ask for at least one new token."
+        )
     if (config.num_beams or 1) > 1:
         raise ValueError(f"num_beams={config.num_beams}: beam search is not speculative; use greedy or sampling.")
     if (config.num_return_sequences or 1) > 1:

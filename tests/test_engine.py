@@ -118,3 +118,14 @@ def test_sampling_runs_and_is_reproducible(target, drafter):
     assert torch.equal(a.sequences, b.sequences)
     c = generate(target, drafter, ids, mask, draft_sampling=True, generator=torch.Generator().manual_seed(0), **kwargs)
     assert c.sequences.shape[0] == 2
+
+
+def test_max_length_default_and_list_of_stop_ids(target, drafter):
+    ids = torch.tensor([random_prompts((6,), seed=8)[0]])
+    want = target.generate(ids, max_length=14, do_sample=False, eos_token_id=None)
+    out = generate(target, drafter, ids, max_length=14, eos_token_id=None)
+    assert out.sequences.tolist() == want.tolist()
+    stop = want[0, 9].item()
+    out = generate(target, drafter, ids, max_new_tokens=8, eos_token_id=[EOS, stop])
+    new = out.sequences[0, 6: 6 + out.num_new_tokens[0]].tolist()
+    assert new[-1] == stop and new == want[0, 6: 6 + len(new)].tolist()

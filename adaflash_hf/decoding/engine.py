@@ -83,10 +83,10 @@ def generate(
         generator: torch RNG for reproducible sampling.
         streamer: a transformers streamer (batch size 1), fed the prompt then accepted tokens.
         on_tokens: callback ``(row, token_ids)`` called with each row's newly accepted tokens.
-        tokenizer: the target's tokenizer; when given, checked against the vocabulary and used for
-            ``stop_strings``-free EOS defaults.
+        tokenizer: the target's tokenizer; when given, checked against the target's vocabulary.
         generation_config / **generation_kwargs: as for ``model.generate``: ``max_new_tokens``,
-            ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``.
+            ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id`` (an id or a list of
+            stop ids), ``pad_token_id``; defaults come from ``target.generation_config``.
 
     Returns:
         :class:`SpeculativeGenerateOutput` with ``sequences`` and per-round ``stats``.
@@ -98,9 +98,11 @@ def generate(
             f"adaflash_hf.generate got unknown arguments {sorted(unused)}; it takes GenerationConfig fields "
             "(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id)."
         )
+    attention_mask = check_prompt_batch(input_ids, attention_mask, streamer)
+    if config.max_new_tokens is None:  # as generate(): max_length bounds prompt + new tokens
+        config.max_new_tokens = config.max_length - input_ids.shape[1]
     params = sampling_params_from(config)
     check_pair(target, drafter, tokenizer)
-    attention_mask = check_prompt_batch(input_ids, attention_mask, streamer)
     max_new_tokens = config.max_new_tokens
     eos_ids = set() if config.eos_token_id is None else set(torch.tensor(config.eos_token_id).flatten().tolist())
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
