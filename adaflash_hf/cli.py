@@ -115,10 +115,25 @@ def run_generate(args: GenerateArgs) -> int:
                                 pad_token_id=tokenizer.pad_token_id, **sampling)
         plain_seconds = time.perf_counter() - start
         m = plain.shape[1] - input_ids.shape[1]
-        same = plain[0].tolist() == out.sequences[0, : plain.shape[1]].tolist()
+        ours = out.sequences[0, : input_ids.shape[1] + n].tolist()
+        same = plain[0].tolist() == ours
         print(f"[plain]    {m} tokens in {plain_seconds:.2f}s = {m / plain_seconds:.1f} tok/s | "
               f"speed-up {(n / seconds) / (m / plain_seconds):.2f}x | identical output: {same}", file=sys.stderr)
+        if not same and not sampling["do_sample"]:
+            explain_difference(target, plain[0].tolist(), ours, input_ids.shape[1])
     return 0
+
+
+def explain_difference(target, plain: list[int], ours: list[int], prompt_len: int) -> None:
+    """Show how close the target's top two logits are where greedy outputs first differ."""
+    first = next((i for i, (a, b) in enumerate(zip(plain, ours)) if a != b), min(len(plain), len(ours)))
+    with torch.inference_mode():
+        logits = target(torch.tensor([plain[:first]], device=target.device)).logits[0, -1].float()
+    top = logits.topk(2).values
+    print(f"[plain]    outputs first differ at new token {first - prompt_len}, where the target's two best logits are "
+          f"{top[0]:.3f} and {top[1]:.3f} (gap {top[0] - top[1]:.3f}): a near-tie that {target.dtype} rounds differently "
+          "in a multi-token verification pass than in one-token decoding. Use --dtype fp32 for a bit-exact comparison.",
+          file=sys.stderr)
 
 
 COMMANDS: dict[str, tuple[type, typing.Callable, str]] = {
