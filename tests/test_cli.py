@@ -90,3 +90,12 @@ def test_model_card_carries_metadata_results_and_command(model_dirs, tmp_path):
     assert card.startswith("---\nlibrary_name: adaflash-hf\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct")
     assert "tau 1.800" in card and "30.0 tok/s speculative vs 20.0" in card
     assert "adaflash train-drafter --output-dir runs/x" in card and "--num-anchors 128" in card
+
+
+def test_explain_difference_reports_the_logit_gap(capsys):
+    from adaflash_hf.cli import explain_difference
+
+    target = tiny_target("llama")
+    explain_difference(target, [5, 6, 7, 8, 9], [5, 6, 7, 8, 10], prompt_len=3)
+    err = capsys.readouterr().err
+    assert "first differ at new token 1" in err and "gap" in err
