@@ -117,6 +117,12 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                              assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
     if is_adaflash_drafter(assistant_model) and generation_config.speculation_type != "dflash":
+        if input_ids.shape[0] > 1:
+            raise ValueError(
+                f"transformers' assisted generation runs one sequence at a time, but got a batch of {input_ids.shape[0]}. "
+                "For batches use adaflash_hf.generate(target, drafter, input_ids, attention_mask, ...), which "
+                "advances every row by its own accepted length."
+            )
         generator = AdaFlashCandidateGenerator(self, assistant_model, generation_config, getattr(self, "adaflash_verify_policy", None))
         self.adaflash_last_generator = generator
         return generator

@@ -118,3 +118,10 @@ def test_pipeline_with_assistant_matches_plain_pipeline(target, drafter):
     got = fast(prompt, max_new_tokens=15, do_sample=False)[0]["generated_text"]
     assert got == want
     assert target.adaflash_last_generator.stats.num_rounds > 0
+
+
+def test_batched_generate_points_to_the_batched_engine(target, drafter):
+    enable_adaflash(target)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    with pytest.raises(ValueError, match="adaflash_hf.generate"):
+        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, max_new_tokens=3)

@@ -19,8 +19,14 @@ from adaflash_hf.training.anchors import (
     block_position_ids,
     sample_anchors,
 )
-from adaflash_hf.training.losses import clipped_reverse_kl, decayed_cross_entropy, opd_loss, position_weights
-from adaflash_hf.training.trainer import acceptance_counts
+from adaflash_hf.training.losses import (
+    clipped_reverse_kl,
+    decayed_cross_entropy,
+    decayed_forward_kl,
+    opd_loss,
+    position_weights,
+)
+from adaflash_hf.training.trainer import acceptance_counts, export_checkpoint
 
 MASK = 3
 
@@ -57,6 +63,13 @@ def test_cross_entropy_vanishes_on_confident_correct_logits_and_ignores_masked()
     garbage = logits.clone()
     garbage[0, 2] = torch.randn(5) * 50  # an ignored position changes nothing
     assert decayed_cross_entropy(garbage, labels, w) < 1e-6
+
+
+def test_forward_kl_zero_on_identical_inputs_and_equals_ce_for_one_hot_targets():
+    logits, labels, w = torch.randn(3, 4, 11), torch.randint(0, 11, (3, 4)), position_weights(5, 2.0)
+    assert decayed_forward_kl(logits, logits, labels, w) < 1e-6
+    one_hot = torch.nn.functional.one_hot(labels, 11).float() * 100.0  # the target is certain of its label
+    torch.testing.assert_close(decayed_forward_kl(logits, one_hot, labels, w), decayed_cross_entropy(logits, labels, w))
 
 
 def test_reverse_kl_zero_on_identical_inputs_and_clipping_stops_gradients():
@@ -202,7 +215,7 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
         output_dir=str(tmp_path / "run"), target="tiny", target_dtype="fp32", block_size=4, num_anchors=8,
         seq_len=32, train_domains=["math"], corpus_fraction=0.5, corpus_limit_per_domain=4,
         self_gen_prompts_per_domain=2, eval_prompts_per_domain=2, gen_max_new_tokens=6, gen_batch_size=2,
-        eval_anchors=4, eval_every=2, checkpoint_every=2, warmup_steps=1, engine_eval_prompts=1,
+        eval_anchors=4, eval_every=2, checkpoint_every=2, warmup_steps=1, engine_eval_prompts=1, distill_weight=0.5,
     )
     final = train_drafter(TrainDrafterConfig(max_steps=3, **common), target, tokenizer)
     summary = json.loads((final / "training_summary.json").read_text())
@@ -211,6 +224,9 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_2", "step_3"]
     loaded = AdaFlashDrafter.from_pretrained(final)
     assert loaded.dtype == torch.bfloat16 and loaded.config.block_size == 4
+    exported = AdaFlashDrafter.from_pretrained(export_checkpoint(tmp_path / "run" / "checkpoints" / "step_3", tmp_path / "exp"))
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), exported.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name  # the last checkpoint is the final drafter
 
     with caplog.at_level("INFO", logger="adaflash_hf.training.trainer"):
         train_drafter(TrainDrafterConfig(max_steps=5, **common), target, tokenizer)

@@ -9,7 +9,7 @@ supervised position):
   15x cheaper per token than generating it.
 
 ``target_features`` runs that forward: it returns the drafter's context (the selected target layers,
-concatenated) and the target's greedy labels for every position of a batch.
+concatenated), the target's greedy labels for every position of a batch and its logits.
 """
 
 from __future__ import annotations
@@ -71,15 +71,23 @@ def collate(sequences: list[TrainingSequence], pad_token_id: int) -> Batch:
     return Batch(input_ids, attention_mask, label_mask)
 
 
-@torch.no_grad()
-def target_features(
-    target: PreTrainedModel, batch: Batch, layer_ids: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One frozen target forward -> (context (b, L, n*H), labels (b, L)).
+@dataclass
+class TargetFeatures:
+    """What one frozen target forward gives the drafter's training step.
 
-    ``labels[:, t]`` is the target's argmax at position t - 1 (its greedy choice for token t);
-    ``labels[:, 0]`` is ``IGNORE_INDEX``. Layer i of ``layer_ids`` is ``hidden_states[i + 1]``.
+    context (b, L, n*H): the selected target layers, concatenated. labels (b, L): ``labels[:, t]`` is
+    the target's argmax at position t - 1, i.e. its greedy choice for token t (``IGNORE_INDEX`` at 0).
+    logits (b, L, V): the target's logits; ``logits[:, t - 1]`` is the distribution behind ``labels[:, t]``.
     """
+
+    context: torch.Tensor
+    labels: torch.Tensor
+    logits: torch.Tensor
+
+
+@torch.no_grad()
+def target_features(target: PreTrainedModel, batch: Batch, layer_ids: list[int]) -> TargetFeatures:
+    """One frozen target forward over a batch; layer i of ``layer_ids`` is ``hidden_states[i + 1]``."""
     device = target.device
     out = target(
         input_ids=batch.input_ids.to(device),
@@ -89,8 +97,8 @@ def target_features(
     )
     context = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)  # (b, L, n*H)
     labels = torch.full_like(batch.input_ids, IGNORE_INDEX, device=device)
-    labels[:, 1:] = out.logits[:, :-1].argmax(-1)
-    return context, labels
+    labels[:, 1:] = out.logits[:, :-1].max(-1).indices  # argmax; max() is ~2.5x faster on bf16 CPU tensors
+    return TargetFeatures(context, labels, out.logits)
 
 
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:

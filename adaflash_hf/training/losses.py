@@ -54,6 +54,22 @@ def decayed_cross_entropy(
     return _weighted_mean(ce, labels, weights, ignore_index)
 
 
+def decayed_forward_kl(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Position-weighted KL(p_target || p_draft): distillation on the target's whole distribution.
+
+    draft_logits, target_logits (..., V); labels (...) only marks valid positions (``ignore_index``:
+    none); weights broadcastable to labels. The soft target carries more signal per position than
+    its argmax alone, which matters when supervised positions are the scarce resource.
+    """
+    log_q = F.log_softmax(draft_logits.float(), dim=-1)
+    log_p = F.log_softmax(target_logits.detach().float(), dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).masked_fill(labels == ignore_index, 0.0)  # (...)
+    return _weighted_mean(kl, labels, weights, ignore_index)
+
+
 def clipped_reverse_kl(draft_logits: torch.Tensor, target_logits: torch.Tensor, clip: float) -> torch.Tensor:
     """KL(p_draft || p_target) per position, clamped at ``clip``: (..., V), (..., V) -> (...).
 

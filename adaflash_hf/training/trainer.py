@@ -25,13 +25,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import extract_model_from_parallel
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids, sample_anchors
-from .data import IGNORE_INDEX, Batch, TrainingSequence, collate, generate_responses, pack_corpus, target_features
-from .losses import decayed_cross_entropy, default_gamma, position_weights
+from .data import (
+    IGNORE_INDEX,
+    Batch,
+    TargetFeatures,
+    TrainingSequence,
+    collate,
+    generate_responses,
+    pack_corpus,
+    target_features,
+)
+from .losses import decayed_cross_entropy, decayed_forward_kl, default_gamma, position_weights
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +60,7 @@ class TrainDrafterConfig:
     mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
     gamma: float | None = field(default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."})
     loss_positions: int | None = field(default=None, metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."})
+    distill_weight: float = field(default=0.0, metadata={"help": "Weight of KL(p_target || p_draft) added to the CE on the target's argmax (0: CE only)."})
     consistent_labels: bool = field(default=True, metadata={"help": "For teacher-forced text, drop block positions whose text prefix differs from the target's greedy tokens."})
     num_anchors: int = field(default=64, metadata={"help": "Anchors (blocks) sampled per sequence per step."})
     seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
@@ -89,6 +101,8 @@ class TrainDrafterConfig:
             raise ValueError(f"gamma must be > 0, got {self.gamma}.")
         if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
             raise ValueError(f"loss_positions must be in [1, block_size - 1 = {self.block_size - 1}], got {self.loss_positions}.")
+        if self.distill_weight < 0:
+            raise ValueError(f"distill_weight must be >= 0, got {self.distill_weight}.")
         if not 0.0 <= self.corpus_fraction <= 1.0:
             raise ValueError(f"corpus_fraction must be in [0, 1], got {self.corpus_fraction}.")
         if self.corpus_fraction < 1.0 and self.self_gen_prompts_per_domain < 1:
@@ -147,19 +161,22 @@ def drafter_block_forward(
     drafter: AdaFlashDrafter,
     target: PreTrainedModel,
     batch: Batch,
-    context: torch.Tensor,
-    labels: torch.Tensor,
+    features: TargetFeatures,
     anchors: torch.Tensor,
     anchor_valid: torch.Tensor,
     weights: torch.Tensor,
     consistent_labels: bool,
+    distill_weight: float = 0.0,
 ) -> BlockOutput:
-    """Drafter forward over every block of a batch, lm_head only on labelled positions, weighted CE.
+    """Drafter forward over every block of a batch, lm_head only on labelled positions, weighted loss.
 
-    context (b, L, n*H) and labels (b, L) come from :func:`target_features`; anchors/anchor_valid (b, A);
-    weights (K,) for block positions 1..K (K <= block_size - 1).
+    ``drafter`` may be wrapped for distributed training (the forward must go through the wrapper so
+    gradients synchronise). features from :func:`target_features`; anchors/anchor_valid (b, A); weights (K,) for block positions
+    1..K (K <= block_size - 1). Loss: CE on the target's argmax + distill_weight * KL(p_target || p_draft).
     """
-    block_size = drafter.config.block_size
+    context, labels = features.context, features.labels
+    drafter_config = extract_model_from_parallel(drafter).config
+    block_size = drafter_config.block_size
     num_positions = weights.shape[0]
     device = context.device
     input_ids = batch.input_ids.to(device)
@@ -168,7 +185,7 @@ def drafter_block_forward(
     embed = target.get_input_embeddings()
     lm_head = target.get_output_embeddings()
 
-    noise_embeds = embed(block_input_ids(input_ids, anchors, block_size, drafter.config.mask_token_id))  # (b, A*B, H)
+    noise_embeds = embed(block_input_ids(input_ids, anchors, block_size, drafter_config.mask_token_id))  # (b, A*B, H)
     position_ids = torch.cat(
         [torch.arange(seq_len, device=device).expand(b, -1), block_position_ids(anchors, block_size)], dim=1
     )  # (b, L + A*B)
@@ -187,6 +204,11 @@ def drafter_block_forward(
     logits = F.linear(hidden[valid], lm_head.weight.to(hidden.dtype))  # (n, V): only labelled positions pay the lm_head
     flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
     loss = decayed_cross_entropy(logits, block_lab[valid], flat_weights)
+    if distill_weight > 0:
+        label_pos = anchors[:, :, None] + torch.arange(1, num_positions + 1, device=device)  # (b, A, K)
+        rows = torch.arange(b, device=device)[:, None, None].expand_as(label_pos)
+        target_logits = features.logits[rows[valid], label_pos[valid] - 1]  # (n, V): the logits behind each label
+        loss = loss + distill_weight * decayed_forward_kl(logits, target_logits, block_lab[valid], flat_weights)
     predictions = torch.full_like(block_lab, IGNORE_INDEX)
     predictions[valid] = logits.argmax(-1)
     return BlockOutput(loss, predictions, block_lab)
@@ -249,6 +271,16 @@ def _save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generato
         shutil.rmtree(old)
 
 
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a training checkpoint (``checkpoints/step_N``) as a bf16 drafter folder loadable with from_pretrained."""
+    checkpoint_dir = Path(checkpoint_dir)
+    config = AdaFlashDrafter.config_class.from_pretrained(checkpoint_dir)
+    drafter = AdaFlashDrafter(config)
+    drafter.load_state_dict(torch.load(checkpoint_dir / "checkpoint.pt", weights_only=False)["drafter"])
+    drafter.to(torch.bfloat16).save_pretrained(out_dir)
+    return Path(out_dir)
+
+
 def _plot(metrics_path: Path, out_path: Path) -> None:
     import matplotlib
 
@@ -266,6 +298,7 @@ def _plot(metrics_path: Path, out_path: Path) -> None:
         last = evals[-1]["position_acceptance"]
         for k in range(min(4, len(last))):
             axes[2].plot([r["step"] for r in evals], [r["position_acceptance"][k] for r in evals], "o-", label=f"a_{k + 1}")
+    axes[0].set_yscale("log")
     axes[1].plot([r["step"] for r in train], [r["train_tau"] for r in train], alpha=0.5, label="train tau")
     for ax, title in zip(axes, ("loss", "tau", "held-out acceptance by position"), strict=True):
         ax.set_xlabel("step")
@@ -294,11 +327,12 @@ def evaluate(
     accepted, losses = [], []
     for lo in range(0, len(sequences), 4):
         batch = collate(sequences[lo : lo + 4], pad_token_id)
-        context, labels = target_features(target, batch, drafter.config.target_layer_ids)
+        features = target_features(target, batch, drafter.config.target_layer_ids)
         anchors, valid = sample_anchors(batch.label_mask, config.eval_anchors, generator)
+        device = features.context.device
         with autocast():
-            out = drafter_block_forward(drafter, target, batch, context, labels, anchors.to(context.device),
-                                        valid.to(context.device), weights, consistent_labels=True)
+            out = drafter_block_forward(drafter, target, batch, features, anchors.to(device), valid.to(device),
+                                        weights, consistent_labels=True)
         acc, h, s = acceptance_counts(out.predictions.cpu(), out.labels.cpu())
         accepted.append(acc)
         hits += h
@@ -320,7 +354,7 @@ def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens:
     from .data import chat_prompt_ids
 
     drafter.eval()
-    taus, rounds, tokens, spec_s, plain_s, plain_tokens = [], [], 0, 0.0, 0.0, 0
+    tokens, spec_s, plain_s, plain_tokens = 0, 0.0, 0.0, 0
     all_stats = None
     for prompt in prompts:
         ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], device=target.device)
@@ -328,8 +362,6 @@ def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens:
         out = generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens)
         spec_s += time.perf_counter() - start
         tokens += out.num_new_tokens[0]
-        taus.append(out.stats.mean_accepted_length)
-        rounds.append(out.stats.num_rounds)
         if all_stats is None:
             all_stats = out.stats
         else:
@@ -360,8 +392,6 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     ``target``/``tokenizer`` may be passed already loaded (tests use tiny random models); otherwise
     ``config.target`` is loaded with :func:`adaflash_hf.targets.load_target`.
     """
-    from accelerate import Accelerator
-
     from ..data import load_prompts, load_text_corpus
 
     wall_start = time.perf_counter()
@@ -463,12 +493,13 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         for _ in range(config.grad_accum):
             batch = next_batch()
             tick = time.perf_counter()
-            context, labels = target_features(target, batch, raw_drafter.config.target_layer_ids)
+            features = target_features(target, batch, raw_drafter.config.target_layer_ids)
             state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
             anchors, valid = sample_anchors(batch.label_mask, config.num_anchors, generator)
             with autocast():
-                out = drafter_block_forward(raw_drafter, target, batch, context, labels, anchors.to(context.device),
-                                            valid.to(context.device), weights, config.consistent_labels)
+                device = features.context.device
+                out = drafter_block_forward(drafter, target, batch, features, anchors.to(device),
+                                            valid.to(device), weights, config.consistent_labels, config.distill_weight)
             accelerator.backward(out.loss / config.grad_accum)
             accepted.append(acceptance_counts(out.predictions.cpu(), out.labels.cpu())[0])
             state["tokens_seen"] += batch.num_supervised
