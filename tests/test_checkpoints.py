@@ -103,3 +103,15 @@ def test_incomplete_checkpoint_missing_weights(drafter, tmp_path):
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(OSError, match="model.safetensors|pytorch_model.bin|no file named"):
         AdaFlashDrafter.from_pretrained(tmp_path)
+
+
+def test_load_drafter_resolves_bundled_fresh_and_paths(target, drafter, tmp_path, monkeypatch):
+    from adaflash_hf import drafters
+
+    monkeypatch.setattr(drafters, "BUNDLED_DIR", tmp_path / "bundled")
+    fresh = drafters.load_drafter("auto", target, target_name="tiny")  # nothing bundled: a fresh drafter
+    assert fresh.config.hidden_size == target.config.hidden_size and not fresh.training
+    drafter.save_pretrained(tmp_path / "bundled" / "tiny")
+    assert same_weights(drafters.load_drafter("auto", target, target_name="tiny"), drafter)
+    assert same_weights(drafters.load_drafter(str(tmp_path / "bundled" / "tiny"), target), drafter)
+    assert drafters.load_drafter("fresh", target).dtype == target.dtype
