@@ -43,6 +43,7 @@ class BenchArgs:
                          metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
     assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
+    verify_len: int | None = field(default=None, metadata={"help": "adaflash: tokens verified per round (anchor + drafts); default: the whole block."})
     dtype: str = field(default="bf16", metadata={"help": "bf16 (fast on AMX/GPU) or fp32 (exactness)."})
     json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
     plot: str = field(default="bench_acceptance.png", metadata={"help": "Where to write the per-position acceptance plot ('' to skip)."})
@@ -92,7 +93,7 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 
 def run_bench(args: BenchArgs) -> int:
-    from . import enable_adaflash, generate, load_target
+    from . import FixedVerifyLength, enable_adaflash, generate, load_target
     from .cli import encode_prompt
     from .drafters import load_drafter
 
@@ -115,7 +116,8 @@ def run_bench(args: BenchArgs) -> int:
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
         if method == "adaflash":
-            out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
+            out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
+                           verify_policy=FixedVerifyLength(args.verify_len))
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
         if method == "prompt-lookup":
             return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None

@@ -29,6 +29,7 @@ class GenerateArgs:
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
     max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 with AMX or CUDA, else fp32), bf16 or fp32."})
+    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: the drafter's whole block."})
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
     seed: int = field(default=0, metadata={"help": "Seed for sampling."})
     compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
@@ -89,7 +90,7 @@ def encode_prompt(tokenizer, prompt: str, raw: bool) -> torch.Tensor:
 def run_generate(args: GenerateArgs) -> int:
     from transformers import TextStreamer
 
-    from . import generate, load_target
+    from . import FixedVerifyLength, generate, load_target
     from .drafters import load_drafter
 
     torch.manual_seed(args.seed)
@@ -104,6 +105,7 @@ def run_generate(args: GenerateArgs) -> int:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
     out = generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
+                   verify_policy=FixedVerifyLength(args.verify_len),
                    tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
     seconds = time.perf_counter() - start
     n = out.num_new_tokens[0]
