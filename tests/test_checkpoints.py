@@ -115,3 +115,37 @@ def test_load_drafter_resolves_bundled_fresh_and_paths(target, drafter, tmp_path
     assert same_weights(drafters.load_drafter("auto", target, target_name="tiny"), drafter)
     assert same_weights(drafters.load_drafter(str(tmp_path / "bundled" / "tiny"), target), drafter)
     assert drafters.load_drafter("fresh", target).dtype == target.dtype
+
+
+def test_loads_a_published_style_dflash_checkpoint(tmp_path):
+    """A config written the way the z-lab Hub checkpoints are (transformers 4.x Qwen3 style) loads unchanged."""
+    from safetensors.torch import save_file
+
+    hidden, heads, kv, head_dim, inter = 32, 4, 2, 8, 48
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "block_size": 16, "bos_token_id": 1, "eos_token_id": 2,
+        "dflash_config": {"mask_token_id": 90, "target_layer_ids": [1, 3]}, "head_dim": head_dim, "hidden_act": "silu",
+        "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": inter, "layer_types": ["full_attention"],
+        "max_position_embeddings": 4096, "max_window_layers": 1, "num_attention_heads": heads, "num_hidden_layers": 1,
+        "num_key_value_heads": kv, "num_target_layers": 6, "rms_norm_eps": 1e-6, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.57.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 96,
+    }
+    g = torch.Generator().manual_seed(0)
+    shapes = {
+        "fc.weight": (hidden, 2 * hidden), "hidden_norm.weight": (hidden,), "norm.weight": (hidden,),
+        "layers.0.input_layernorm.weight": (hidden,), "layers.0.post_attention_layernorm.weight": (hidden,),
+        "layers.0.self_attn.q_proj.weight": (heads * head_dim, hidden), "layers.0.self_attn.k_proj.weight": (kv * head_dim, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv * head_dim, hidden), "layers.0.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "layers.0.self_attn.q_norm.weight": (head_dim,), "layers.0.self_attn.k_norm.weight": (head_dim,),
+        "layers.0.mlp.gate_proj.weight": (inter, hidden), "layers.0.mlp.up_proj.weight": (inter, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, inter),
+    }
+    weights = {name: torch.randn(shape, generator=g).to(torch.bfloat16) for name, shape in shapes.items()}
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    drafter = AdaFlashDrafter.from_pretrained(tmp_path)
+    assert drafter.config.mask_token_id == 90 and drafter.config.target_layer_ids == [1, 3]
+    assert drafter.config.block_size == 16 and drafter.config.rope_parameters["rope_theta"] == 1000000.0
+    assert all(torch.equal(drafter.state_dict()[k], weights[k]) for k in weights)
