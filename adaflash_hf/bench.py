@@ -46,7 +46,7 @@ class BenchArgs:
     verify_len: int | None = field(default=None, metadata={"help": "adaflash: tokens verified per round (anchor + drafts); default: the whole block."})
     dtype: str = field(default="bf16", metadata={"help": "bf16 (fast on AMX/GPU) or fp32 (exactness)."})
     json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
-    plot: str = field(default="bench_acceptance.png", metadata={"help": "Where to write the per-position acceptance plot ('' to skip)."})
+    plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
 
     def __post_init__(self):
         unknown = set(self.method_list) - set(METHODS)
@@ -160,7 +160,7 @@ def run_bench(args: BenchArgs) -> int:
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot:
-        plot_acceptance(records, args.plot)
+        plot_results(records, results, args.plot)
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -201,23 +201,34 @@ def print_table(results: list[dict]) -> None:
               f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}")
 
 
-def plot_acceptance(records: list[dict], path: str) -> None:
+def plot_results(records: list[dict], results: list[dict], path: str) -> None:
+    """Two panels: speed-up over the target per method and domain; AdaFlash acceptance by draft position."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    domains = sorted({r["domain"] for r in results})
+    methods = [m for m in dict.fromkeys(r["method"] for r in results)]
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        values = [next(r["speedup"] for r in results if r["method"] == method and r["domain"] == d) for d in domains]
+        left.bar([i + j * width for i in range(len(domains))], values, width, label=method)
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
+    left.set_ylabel("speed-up over target (tokens/s ratio)")
+    left.legend(fontsize=8)
     for domain in sorted({r["domain"] for r in records}):
         curves = [r["positions"] for r in records if r["positions"] and r["domain"] == domain]
         if curves:
             mean = [statistics.fmean(c[k] for c in curves) for k in range(len(curves[0]))]
-            ax.plot(range(1, len(mean) + 1), mean, marker="o", label=domain)
-    ax.set_xlabel("draft position k")
-    ax.set_ylabel("P(accept k | reached k)")
-    ax.set_ylim(0, 1)
-    ax.set_title("AdaFlash per-position acceptance (held-out prompts)")
-    ax.legend()
+            right.plot(range(1, len(mean) + 1), mean, marker="o", label=domain)
+    right.set_xlabel("draft position k")
+    right.set_ylabel("P(accept k | reached k)")
+    right.set_ylim(0, 1)
+    right.set_title("AdaFlash acceptance by position")
+    right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
