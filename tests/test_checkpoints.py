@@ -149,3 +149,22 @@ def test_loads_a_published_style_dflash_checkpoint(tmp_path):
     assert drafter.config.mask_token_id == 90 and drafter.config.target_layer_ids == [1, 3]
     assert drafter.config.block_size == 16 and drafter.config.rope_parameters["rope_theta"] == 1000000.0
     assert all(torch.equal(drafter.state_dict()[k], weights[k]) for k in weights)
+
+
+def test_bundled_drafters_are_current_and_load():
+    """Bundled Hub-ready folders carry copies of the remote-code files: they must match the library."""
+    from pathlib import Path
+
+    import adaflash_hf
+    from adaflash_hf.drafters import BUNDLED_DIR
+
+    library = Path(adaflash_hf.__file__).parent
+    folders = [p for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file()]
+    assert folders, "no bundled drafter"
+    for folder in folders:
+        for name in ("modeling_adaflash.py", "configuration_adaflash.py"):
+            assert (folder / name).read_text() == (library / name).read_text(), f"{folder / name} is stale: re-save it"
+        config = json.loads((folder / "config.json").read_text())
+        assert config["model_type"] == "adaflash_drafter" and (folder / "README.md").is_file()
+        assert (folder / "model.safetensors").stat().st_size < 20 * 2**20
+        AdaFlashDrafter.from_pretrained(folder)
