@@ -14,7 +14,8 @@ from .targets import PRESETS
 from .training.trainer import TrainDrafterConfig
 
 
-def render_model_card(config: dict, summary: dict, bench: dict | None = None, repo_id: str | None = None) -> str:
+def render_model_card(config: dict, summary: dict, bench: dict | None = None, repo_id: str | None = None,
+                      notes: list[str] | None = None) -> str:
     recipe = summary.get("recipe", {})
     target = recipe.get("target", "unknown")
     base_model = PRESETS[target].hub_id if target in PRESETS else target
@@ -88,6 +89,8 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
                          f"{accept} | {r['speedup']:.2f}x | {r['same_as_target']:.2f} |")
         if bench.get("command"):
             lines += ["", f"Command: `{bench['command']}`"]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     lines += ["", "## Limitations", "",
               "Trained on a 2-core CPU in well under three hours, on far less data than published GPU-trained "
               "DFlash drafters, so acceptance is much lower. The news, wiki and fiction domains were held out of "
@@ -95,7 +98,8 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
     return "\n".join(lines)
 
 
-def write_model_card(folder: str | Path, bench_json: str | Path | None = None, repo_id: str | None = None) -> Path:
+def write_model_card(folder: str | Path, bench_json: str | Path | None = None, repo_id: str | None = None,
+                     notes: list[str] | None = None) -> Path:
     """Write ``README.md`` into a drafter folder from its config and ``training_summary.json`` (and a bench JSON)."""
     folder = Path(folder)
     summary_path = folder / "training_summary.json"
@@ -105,5 +109,5 @@ def write_model_card(folder: str | Path, bench_json: str | Path | None = None, r
     summary = json.loads(summary_path.read_text())
     bench = json.loads(Path(bench_json).read_text()) if bench_json else None
     card = folder / "README.md"
-    card.write_text(render_model_card(config, summary, bench, repo_id))
+    card.write_text(render_model_card(config, summary, bench, repo_id, notes))
     return card
