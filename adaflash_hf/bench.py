@@ -146,7 +146,7 @@ def run_bench(args: BenchArgs) -> int:
                 reference = new
             records.append(dict(method=method, domain=item["domain"], prompt=i, new_tokens=len(new), seconds=seconds,
                                 forwards=counter.calls, drafts=counter.drafts, same=new == reference,
-                                positions=stats.position_acceptance(15) if stats else None))
+                                positions=stats.position_acceptance(drafter.config.block_size - 1) if stats else None))
         done = [r for r in records if r["prompt"] == i]
         print(f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
               + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done), file=sys.stderr)
