@@ -80,6 +80,10 @@ class ForwardCounter:
 
 
 def load_bench_prompts(args: BenchArgs) -> list[dict]:
+    try:
+        import datasets  # noqa: F401
+    except ImportError as error:
+        raise SystemExit("error: adaflash bench reads prompt sets with `datasets`: pip install 'adaflash-hf[train]'") from error
     if args.prompts == "eval":
         from .data import load_prompts
 
