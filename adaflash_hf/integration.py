@@ -20,7 +20,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ._compat import check_transformers_version
 from .checks import check_pair, is_adaflash_drafter
-from .decoding.engine import context_features
+from .decoding.engine import context_features, draft_block
 from .decoding.outputs import RoundStats, SpeculativeStats
 from .decoding.policy import FixedVerifyLength, VerifyLengthPolicy
 from .modeling_adaflash import AdaFlashDrafter
@@ -79,24 +79,15 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         if mask is None:
             mask = torch.ones_like(input_ids)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
-        block_pos = positions[:, -1:] + torch.arange(self.block_size, device=input_ids.device)
-        block_ids = torch.full((1, self.block_size), self.drafter.config.mask_token_id, dtype=torch.long, device=input_ids.device)
-        block_ids[:, 0] = input_ids[:, -1]
-        out = self.drafter(
-            noise_embeds=self.embed(block_ids),
-            context_hidden_states=context,
-            position_ids=torch.cat([positions[:, self._cached_len : processed], block_pos], dim=1),
-            attention_mask=torch.cat([mask[:, :processed], torch.ones_like(block_ids)], dim=1),
-            cache=self.cache,
-        )
-        self.cache.crop(-self.block_size)
+        draft_hidden = draft_block(self.drafter, self.embed, input_ids[:, -1], context, positions[:, self._cached_len : processed],
+                                   positions[:, -1], mask[:, :processed], self.cache)
         self._cached_len = processed
-        verify_len = int(self.policy.verify_lens(out.last_hidden_state, self.block_size)[0])
+        verify_len = int(self.policy.verify_lens(draft_hidden, self.block_size)[0])
         num_drafts = min(verify_len - 1, self.max_length - seq_len - 1)
         if num_drafts <= 0:
             self._pending = None
             return input_ids, None
-        draft_tokens = self.lm_head(out.last_hidden_state[:, 1 : num_drafts + 1]).argmax(-1)  # (1, g)
+        draft_tokens = self.lm_head(draft_hidden[:, 1 : num_drafts + 1]).argmax(-1)  # (1, g)
         self._pending = (num_drafts, time.perf_counter() - start, time.perf_counter())
         # Argmax drafts are exact one-hot proposals: returning no logits makes transformers verify by
         # sampling from the target and matching, which is lossless at any temperature.

@@ -38,6 +38,28 @@ def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[in
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
+def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_mask, cache) -> torch.Tensor:
+    """One drafter pass over ``[anchor, MASK x (B-1)]`` per row; returns (b, B, H) hidden states.
+
+    anchors (b,) newest tokens; context (b, s, n*H) target features not yet in the drafter cache, at
+    positions context_pos (b, s); anchor_pos (b,) the anchors' positions; key_mask (b, cached + s)
+    marks valid context slots. The block's keys/values are cropped back off ``cache`` afterwards.
+    """
+    block_size = drafter.config.block_size
+    block_ids = torch.full((anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device)
+    block_ids[:, 0] = anchors
+    block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchors.device)
+    out = drafter(
+        noise_embeds=embed(block_ids),
+        context_hidden_states=context,
+        position_ids=torch.cat([context_pos, block_pos], dim=1),
+        attention_mask=torch.cat([key_mask, torch.ones_like(block_ids)], dim=1),
+        cache=cache,
+    )
+    cache.crop(-block_size)  # keep the context, drop the block
+    return out.last_hidden_state
+
+
 class _Rows:
     """Per-row decoding state of the active rows (all tensors share the batch dimension)."""
 
@@ -144,25 +166,15 @@ def generate(
     drop_finished(rows, done, target_cache, draft_cache)
 
     while rows.ids:
-        b = len(rows.ids)
         # 1. Draft: one drafter pass over [anchor, MASK...] with the new target features as context.
         start = time.perf_counter()
-        block_ids = torch.full((b, block_size), drafter.config.mask_token_id, dtype=torch.long, device=device)
-        block_ids[:, 0] = rows.last_token
-        block_pos = rows.next_pos[:, None] + torch.arange(block_size, device=device)
-        draft_out = drafter(
-            noise_embeds=embed(block_ids),
-            context_hidden_states=rows.pending_hidden,
-            position_ids=torch.cat([rows.pending_pos, block_pos], dim=1),
-            attention_mask=torch.cat([rows.slot_mask, torch.ones_like(block_ids)], dim=1),
-            cache=draft_cache,
-        )
-        draft_cache.crop(-block_size)  # keep the context, drop the block
-        verify_lens = policy.verify_lens(draft_out.last_hidden_state, block_size).clamp(1, block_size)
+        draft_hidden = draft_block(drafter, embed, rows.last_token, rows.pending_hidden, rows.pending_pos,
+                                   rows.next_pos, rows.slot_mask, draft_cache)
+        verify_lens = policy.verify_lens(draft_hidden, block_size).clamp(1, block_size)
         budget = torch.tensor([max_new_tokens - len(new_tokens[i]) for i in rows.ids], device=device)
         num_drafts = torch.minimum(verify_lens - 1, budget - 1).clamp_min(0)  # never draft past max_new_tokens
         g = int(num_drafts.max())
-        draft_logits = lm_head(draft_out.last_hidden_state[:, 1 : g + 1])  # (b, g, V)
+        draft_logits = lm_head(draft_hidden[:, 1 : g + 1])  # (b, g, V)
         draft_probs = None
         if params.do_sample and draft_sampling:
             draft_probs = logits_to_probs(draft_logits, params)
