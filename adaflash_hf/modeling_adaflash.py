@@ -45,15 +45,18 @@ class AdaFlashRotaryEmbedding(nn.Module):
 
     def __init__(self, config: AdaFlashDrafterConfig):
         super().__init__()
+        self.config = config
+        inv_freq, self.attention_scaling = self.compute_inv_freq()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def compute_inv_freq(self) -> tuple[torch.Tensor, float]:
+        config = self.config
         rope_type = config.rope_parameters.get("rope_type", "default")
         if rope_type == "default":
             base = config.rope_parameters["rope_theta"]
             dim = config.head_dim
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-            self.attention_scaling = 1.0
-        else:
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+            return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+        return ROPE_INIT_FUNCTIONS[rope_type](config, None)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,6 +180,10 @@ class AdaFlashPreTrainedModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, AdaFlashRMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, AdaFlashRotaryEmbedding):
+            # A non-persistent buffer: from_pretrained allocates it empty, so it must be recomputed here.
+            with torch.no_grad():
+                module.inv_freq.copy_(module.compute_inv_freq()[0])
 
 
 def expand_attention_mask(

@@ -168,3 +168,12 @@ def test_bundled_drafters_are_current_and_load():
         assert config["model_type"] == "adaflash_drafter" and (folder / "README.md").is_file()
         assert (folder / "model.safetensors").stat().st_size < 20 * 2**20
         AdaFlashDrafter.from_pretrained(folder)
+
+
+def test_loaded_drafter_recomputes_its_rope_buffer(drafter, tmp_path):
+    """inv_freq is not saved: from_pretrained must rebuild it, or positions are garbage (a real bug once)."""
+    drafter.save_pretrained(tmp_path)
+    loaded = AdaFlashDrafter.from_pretrained(tmp_path)
+    assert torch.equal(loaded.rotary_emb.inv_freq, drafter.rotary_emb.inv_freq)
+    remote = AutoModel.from_pretrained(tmp_path, trust_remote_code=True)
+    assert torch.equal(remote.rotary_emb.inv_freq, drafter.rotary_emb.inv_freq)
