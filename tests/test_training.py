@@ -246,3 +246,29 @@ def test_config_validates_with_clear_errors():
     with pytest.raises(ValueError, match="corpus_fraction"):
         TrainDrafterConfig(output_dir="x", corpus_fraction=1.5)
     assert TrainDrafterConfig(output_dir="x", block_size=16).gamma == 7.0
+
+
+def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_applied(tmp_path, monkeypatch):
+    import adaflash_hf.training.trainer as trainer_module
+
+    tokenizer = byte_tokenizer()
+    target = tiny_target(vocab=len(tokenizer), layers=4)
+    target.generation_config.eos_token_id = 2
+    target.generation_config.pad_token_id = 2
+    calls = []
+    real = trainer_module.target_features
+    monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    common = dict(
+        target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, seq_len=32, train_domains=["math"],
+        corpus_fraction=1.0, corpus_limit_per_domain=4, eval_prompts_per_domain=2, gen_max_new_tokens=6,
+        gen_batch_size=2, eval_anchors=4, eval_every=100, checkpoint_every=100, warmup_steps=1,
+        engine_eval_prompts=0, max_steps=6, intermediate_size=16,
+    )
+    for reuse, expected in ((1, 6), (3, 2)):
+        calls.clear()
+        final = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / f"r{reuse}"), steps_per_forward=reuse, **common),
+                              target, tokenizer)
+        assert len(calls) == expected + 1  # training forwards + the final held-out evaluation (one batch)
+        assert AdaFlashDrafter.from_pretrained(final).config.intermediate_size == 16
+    with pytest.raises(ValueError, match="steps_per_forward"):
+        TrainDrafterConfig(output_dir="x", steps_per_forward=0)

@@ -55,6 +55,7 @@ class TrainDrafterConfig:
     target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
     target_dtype: str = field(default="bf16", metadata={"help": "dtype of the frozen target: bf16 or fp32."})
     num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
+    intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
     block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
     target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers read as context (default: DFlash's choice)."})
     mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
@@ -66,6 +67,7 @@ class TrainDrafterConfig:
     seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
     batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch."})
     grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    steps_per_forward: int = field(default=1, metadata={"help": "Micro-batches drawn from one target forward, each with fresh anchors (>1 amortises an expensive target)."})
     lr: float = field(default=6e-4, metadata={"help": "Peak AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps; cosine decay to 10% follows."})
@@ -88,7 +90,7 @@ class TrainDrafterConfig:
     resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
 
     def __post_init__(self) -> None:
-        positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "max_steps", "eval_every",
+        positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "steps_per_forward", "max_steps", "eval_every",
                     "checkpoint_every", "gen_max_new_tokens", "gen_batch_size", "eval_anchors", "eval_prompts_per_domain")
         for name in positive:
             if getattr(self, name) < 1:
@@ -115,6 +117,8 @@ class TrainDrafterConfig:
             raise ValueError("warmup_steps and engine_eval_prompts must be >= 0.")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise ValueError(f"intermediate_size must be >= 1 or None, got {self.intermediate_size}.")
         if self.seq_len < 2 * self.block_size:
             raise ValueError(f"seq_len ({self.seq_len}) must be at least 2 * block_size ({2 * self.block_size}).")
         if self.target_dtype not in ("bf16", "fp32"):
@@ -440,6 +444,8 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     overrides = {"mask_token_id": mask_token_id}
     if config.target_layer_ids is not None:
         overrides["target_layer_ids"] = list(config.target_layer_ids)
+    if config.intermediate_size is not None:
+        overrides["intermediate_size"] = config.intermediate_size
     drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
     # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
     with torch.no_grad():
@@ -482,6 +488,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     loop_start = time.perf_counter() - state["train_minutes"] * 60
     bar = tqdm(total=config.max_steps, initial=state["step"], desc="train drafter", unit="step")
     recent_loss, recent_acc = [], []
+    reuse_left = 0  # micro-batches still to draw from the current target forward
     while state["step"] < config.max_steps:
         elapsed_min = (time.perf_counter() - loop_start) / 60
         if config.max_minutes is not None and elapsed_min >= config.max_minutes:
@@ -491,10 +498,13 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
             group["lr"] = config.lr * lr_factor(state["step"], elapsed_min, config)
         accepted = []
         for _ in range(config.grad_accum):
-            batch = next_batch()
-            tick = time.perf_counter()
-            features = target_features(target, batch, raw_drafter.config.target_layer_ids)
-            state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
+            if reuse_left == 0:
+                batch = next_batch()
+                tick = time.perf_counter()
+                features = target_features(target, batch, raw_drafter.config.target_layer_ids)
+                state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
+                reuse_left = config.steps_per_forward
+            reuse_left -= 1
             anchors, valid = sample_anchors(batch.label_mask, config.num_anchors, generator)
             with autocast():
                 device = features.context.device
