@@ -79,6 +79,22 @@ class ForwardCounter:
         self.handle.remove()
 
 
+def code_provenance() -> dict:
+    """Which adaflash-hf code produced a result: version, install location and git commit (if any)."""
+    import subprocess
+
+    from . import __version__
+
+    root = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=root, capture_output=True,
+                                    text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", False
+    return {"version": __version__, "package_dir": str(root), "git_commit": commit or None, "git_dirty": dirty if commit else None}
+
+
 def load_bench_prompts(args: BenchArgs) -> list[dict]:
     try:
         import datasets  # noqa: F401
@@ -160,7 +176,7 @@ def run_bench(args: BenchArgs) -> int:
     from .cli import command_line
 
     payload = {"command": command_line("bench", args), "args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
-               "torch_threads": torch.get_num_threads(), "results": results, "records": records}
+               "torch_threads": torch.get_num_threads(), "code": code_provenance(), "results": results, "records": records}
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from test_integration import word_tokenizer
 
@@ -41,7 +43,11 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
                  "--methods", "target,adaflash,prompt-lookup,dflash-builtin", "--max-new-tokens", "5",
                  "--json", str(out), "--plot", str(tmp_path / "acc.png")])
     assert code == 0
-    results = json.loads(out.read_text())["results"]
+    payload = json.loads(out.read_text())
+    results = payload["results"]
+    import adaflash_hf
+
+    assert payload["code"]["package_dir"] == str(Path(adaflash_hf.__file__).resolve().parent)  # which code ran
     assert {(r["method"], r["domain"]) for r in results} >= {("adaflash", "all"), ("target", "code"), ("dflash-builtin", "chat")}
     for r in results:
         assert {"method", "domain", "num_prompts", "new_tokens", "tokens_per_second", "mean_accepted_length",
