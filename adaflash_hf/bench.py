@@ -43,15 +43,24 @@ class BenchArgs:
                          metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
     assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
-    verify_len: int | None = field(default=None, metadata={"help": "adaflash: tokens verified per round (anchor + drafts); default: the whole block."})
+    verify_len: int | None = field(default=None, metadata={"help": "adaflash: tokens verified per round (anchor + drafts); default: the whole block. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice); recorded in the JSON."})
     dtype: str = field(default="bf16", metadata={"help": "bf16 (fast on AMX/GPU) or fp32 (exactness)."})
     json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
     plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
 
     def __post_init__(self):
-        unknown = set(self.method_list) - set(METHODS)
+        unknown = {m for m in self.method_list if m.partition("@")[0] not in METHODS}
         if unknown:
-            raise ValueError(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}.")
+            raise ValueError(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)} (or adaflash@N).")
+        for m in self.method_list:
+            base, _, arg = m.partition("@")
+            if arg and (base != "adaflash" or not arg.isdigit() or int(arg) < 1):
+                raise ValueError(f"method {m!r}: only 'adaflash@N' takes a verify length N >= 1 (e.g. adaflash@4).")
+        if len(set(self.method_list)) != len(self.method_list):
+            raise ValueError(f"--methods lists a method twice: {self.methods!r}.")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"--num-threads must be >= 1, got {self.num_threads}.")
         if "target" not in self.method_list:
             raise ValueError("--methods must include 'target': speed-ups and output equality are relative to it.")
         if self.max_new_tokens < 1 or self.num_prompts < 1:
@@ -117,11 +126,14 @@ def run_bench(args: BenchArgs) -> int:
     from .cli import encode_prompt
     from .drafters import load_drafter
 
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     methods = args.method_list
-    drafter = load_drafter(args.drafter, target, target_name=args.target) if {"adaflash", "dflash-builtin"} & set(methods) else None
+    bases = {m.partition("@")[0] for m in methods}
+    drafter = load_drafter(args.drafter, target, target_name=args.target) if {"adaflash", "dflash-builtin"} & bases else None
     assistant = None
-    if "assisted" in methods:
+    if "assisted" in bases:
         name = ASSISTANT_FOR.get(args.target) if args.assistant == "auto" else args.assistant
         if name is None:
             raise SystemExit(f"error: no default draft model for {args.target}; pass --assistant or drop 'assisted'.")
@@ -135,9 +147,10 @@ def run_bench(args: BenchArgs) -> int:
         mask = torch.ones_like(ids)
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
-        if method == "adaflash":
+        if method.partition("@")[0] == "adaflash":
+            verify_len = int(method.partition("@")[2]) if "@" in method else args.verify_len
             out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
-                           verify_policy=FixedVerifyLength(args.verify_len))
+                           verify_policy=FixedVerifyLength(verify_len))
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
         if method == "prompt-lookup":
             return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None
@@ -239,15 +252,16 @@ def plot_results(records: list[dict], results: list[dict], path: str) -> None:
     left.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
     left.set_ylabel("speed-up over target (tokens/s ratio)")
     left.legend(fontsize=8)
+    ours = next((m for m in methods if m.startswith("adaflash")), None)  # one curve set: verify lengths cut curves short
     for domain in sorted({r["domain"] for r in records}):
-        curves = [r["positions"] for r in records if r["positions"] and r["domain"] == domain]
+        curves = [r["positions"] for r in records if r["positions"] and r["domain"] == domain and r["method"] == ours]
         if curves:
             mean = [statistics.fmean(c[k] for c in curves) for k in range(len(curves[0]))]
             right.plot(range(1, len(mean) + 1), mean, marker="o", label=domain)
     right.set_xlabel("draft position k")
     right.set_ylabel("P(accept k | reached k)")
     right.set_ylim(0, 1)
-    right.set_title("AdaFlash acceptance by position")
+    right.set_title(f"{ours} acceptance by position" if ours else "AdaFlash acceptance by position")
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

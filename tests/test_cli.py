@@ -39,9 +39,13 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "w5 w9 w11", "domain": "code"}\n{"prompt": "w7 w8", "domain": "chat"}\n')
     out = tmp_path / "bench.json"
+    import torch
+
+    threads = torch.get_num_threads()
     code = main(["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
-                 "--methods", "target,adaflash,prompt-lookup,dflash-builtin", "--max-new-tokens", "5",
+                 "--methods", "target,adaflash,adaflash@2,prompt-lookup,dflash-builtin", "--max-new-tokens", "5", "--num-threads", "1",
                  "--json", str(out), "--plot", str(tmp_path / "acc.png")])
+    torch.set_num_threads(threads)
     assert code == 0
     payload = json.loads(out.read_text())
     results = payload["results"]
@@ -56,6 +60,9 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
             assert r["mean_accepted_length"] == 1.0 and r["speedup"] == 1.0 and r["same_as_target"] == 1.0
     adaflash = next(r for r in results if r["method"] == "adaflash" and r["domain"] == "all")
     assert adaflash["same_as_target"] == 1.0  # fp32 greedy is lossless
+    short = next(r for r in results if r["method"] == "adaflash@2" and r["domain"] == "all")
+    assert short["same_as_target"] == 1.0 and short["mean_accepted_length"] <= 2.0  # verify 2 = anchor + 1 draft
+    assert payload["torch_threads"] == 1
     assert (tmp_path / "acc.png").stat().st_size > 0
     assert "speedup" in capsys.readouterr().out
 
@@ -65,6 +72,10 @@ def test_bench_args_validation():
         BenchArgs(methods="target,medusa")
     with pytest.raises(ValueError, match="must include 'target'"):
         BenchArgs(methods="adaflash")
+    with pytest.raises(ValueError, match="adaflash@N"):
+        BenchArgs(methods="target,assisted@3")
+    with pytest.raises(ValueError, match="twice"):
+        BenchArgs(methods="target,adaflash,adaflash")
 
 
 def test_every_command_has_help(capsys):
