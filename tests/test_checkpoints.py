@@ -166,7 +166,8 @@ def test_bundled_drafters_are_current_and_load():
             assert (folder / name).read_text() == (library / name).read_text(), f"{folder / name} is stale: re-save it"
         config = json.loads((folder / "config.json").read_text())
         assert config["model_type"] == "adaflash_drafter" and (folder / "README.md").is_file()
-        assert (folder / "model.safetensors").stat().st_size < 20 * 2**20
+        budget_mb = {"smollm2-135m": 20, "qwen2.5-coder-1.5b": 100}.get(folder.name, 20)  # issue 3's size limits
+        assert (folder / "model.safetensors").stat().st_size < budget_mb * 2**20, f"{folder.name} is over {budget_mb} MB"
         AdaFlashDrafter.from_pretrained(folder)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adaflash_hf import enable_adaflash, generate, load_target
 from adaflash_hf.drafters import load_drafter
@@ -35,3 +36,17 @@ def test_smollm2_end_to_end_is_lossless(smollm2):
         assert assisted.tolist() == plain
     assert tokenizer.decode(out.sequences[0, batch.input_ids.shape[1]:], skip_special_tokens=True).strip()
     assert out.mean_accepted_length >= 1.0
+
+
+def test_bundled_drafter_accepts_on_held_out_prompts(smollm2):
+    """A loaded shipped drafter must draft well, not only losslessly (a loading bug once cut tau to ~1.1)."""
+    from adaflash_hf.data import load_prompts
+    from adaflash_hf.training.data import chat_prompt_ids
+
+    target, tokenizer, drafter = smollm2
+    prompts = list(load_prompts(["math", "code"], split="eval", limit_per_domain=1)["prompt"])
+    taus = []
+    for prompt in prompts:
+        ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)])
+        taus.append(generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=64).mean_accepted_length)
+    assert sum(taus) / len(taus) > 1.3, taus  # measured 1.4-1.8 for the shipped drafter; an untrained one gives ~1.0
