@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -179,7 +178,7 @@ def run_bench(args: BenchArgs) -> int:
                 reference = new
             records.append(dict(method=method, domain=item["domain"], prompt=i, new_tokens=len(new), seconds=seconds,
                                 forwards=counter.calls, drafts=counter.drafts, same=new == reference,
-                                positions=stats.position_acceptance(drafter.config.block_size - 1) if stats else None))
+                                positions=stats.position_counts(drafter.config.block_size - 1) if stats else None))
         done = [r for r in records if r["prompt"] == i]
         print(f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
               + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done), file=sys.stderr)
@@ -213,15 +212,25 @@ def summarise(records: list[dict], methods: list[str]) -> list[dict]:
             drafts = sum(r["drafts"] for r in group)
             accepted = tokens - forwards
             tps = tokens / seconds
-            positions = [r["positions"] for r in group if r["positions"]]
+            acceptance = pooled_position_acceptance(group)
             results.append(dict(
                 method=method, domain=domain, num_prompts=len(group), new_tokens=tokens,
                 tokens_per_second=round(tps, 3), mean_accepted_length=round(tokens / forwards, 3),
                 accept_rate=round(max(accepted, 0) / drafts, 4) if drafts else None,
                 speedup=round(tps / base_tps, 3), same_as_target=round(sum(r["same"] for r in group) / len(group), 3),
-                position_acceptance=[round(statistics.fmean(p[k] for p in positions), 4) for k in range(len(positions[0]))] if positions else None,
+                position_acceptance=acceptance,
             ))
     return results
+
+
+def pooled_position_acceptance(records: list[dict]) -> list[float | None] | None:
+    """P(accept draft k | verified k) pooled over records' (hits, seen) counts; None where k was never verified."""
+    counts = [r["positions"] for r in records if r.get("positions")]
+    if not counts:
+        return None
+    hits = [sum(c[0][k] for c in counts) for k in range(len(counts[0][0]))]
+    seen = [sum(c[1][k] for c in counts) for k in range(len(counts[0][1]))]
+    return [round(h / s, 4) if s else None for h, s in zip(hits, seen)]
 
 
 def print_table(results: list[dict]) -> None:
@@ -254,10 +263,10 @@ def plot_results(records: list[dict], results: list[dict], path: str) -> None:
     left.legend(fontsize=8)
     ours = next((m for m in methods if m.startswith("adaflash")), None)  # one curve set: verify lengths cut curves short
     for domain in sorted({r["domain"] for r in records}):
-        curves = [r["positions"] for r in records if r["positions"] and r["domain"] == domain and r["method"] == ours]
-        if curves:
-            mean = [statistics.fmean(c[k] for c in curves) for k in range(len(curves[0]))]
-            right.plot(range(1, len(mean) + 1), mean, marker="o", label=domain)
+        pooled = pooled_position_acceptance([r for r in records if r["domain"] == domain and r["method"] == ours])
+        if pooled:
+            points = [(k + 1, a) for k, a in enumerate(pooled) if a is not None]  # positions never verified are left out
+            right.plot([k for k, _ in points], [a for _, a in points], marker="o", label=domain)
     right.set_xlabel("draft position k")
     right.set_ylabel("P(accept k | reached k)")
     right.set_ylim(0, 1)

@@ -60,6 +60,8 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
             assert r["mean_accepted_length"] == 1.0 and r["speedup"] == 1.0 and r["same_as_target"] == 1.0
     adaflash = next(r for r in results if r["method"] == "adaflash" and r["domain"] == "all")
     assert adaflash["same_as_target"] == 1.0  # fp32 greedy is lossless
+    assert len(adaflash["position_acceptance"]) == 3  # block 4: draft positions 1..3
+    assert all(a is None or 0.0 <= a <= 1.0 for a in adaflash["position_acceptance"])
     short = next(r for r in results if r["method"] == "adaflash@2" and r["domain"] == "all")
     assert short["same_as_target"] == 1.0 and short["mean_accepted_length"] <= 2.0  # verify 2 = anchor + 1 draft
     assert payload["torch_threads"] == 1
@@ -116,3 +118,11 @@ def test_explain_difference_reports_the_logit_gap(capsys):
     explain_difference(target, [5, 6, 7, 8, 9], [5, 6, 7, 8, 10], prompt_len=3)
     err = capsys.readouterr().err
     assert "first differ at new token 1" in err and "gap" in err
+
+
+def test_bench_pools_position_acceptance_and_leaves_out_unverified_positions():
+    from adaflash_hf.bench import pooled_position_acceptance
+
+    records = [{"positions": ([1, 0, 0], [2, 1, 0])}, {"positions": ([0, 0, 0], [1, 0, 0])}, {"positions": None}]
+    assert pooled_position_acceptance(records) == [round(1 / 3, 4), 0.0, None]  # pooled counts, not a mean of ratios
+    assert pooled_position_acceptance([{"positions": None}]) is None

@@ -53,8 +53,9 @@ class SpeculativeStats:
     def verify_time(self) -> float:
         return sum(r.verify_time for r in self.rounds)
 
-    def position_acceptance(self, max_positions: int) -> list[float]:
-        """P(draft k accepted | draft k verified), k = 1..max_positions (acceptance by position)."""
+    def position_counts(self, max_positions: int) -> tuple[list[int], list[int]]:
+        """(hits, seen) for draft positions k = 1..max_positions: seen_k rounds verified draft k after
+        accepting drafts 1..k-1, hits_k of them also accepted draft k. Pool these across runs."""
         hits, seen = [0] * max_positions, [0] * max_positions
         for r in self.rounds:
             for a, v in zip(r.accept_lengths, r.verify_lens):
@@ -63,6 +64,11 @@ class SpeculativeStats:
                         break
                     seen[k] += 1
                     hits[k] += k < a
+        return hits, seen
+
+    def position_acceptance(self, max_positions: int) -> list[float]:
+        """P(draft k accepted | draft k verified), k = 1..max_positions; 0.0 where draft k was never verified."""
+        hits, seen = self.position_counts(max_positions)
         return [h / s if s else 0.0 for h, s in zip(hits, seen)]
 
     def merge(self, other: SpeculativeStats) -> None:
