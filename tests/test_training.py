@@ -269,6 +269,8 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
         final = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / f"r{reuse}"), steps_per_forward=reuse, **common),
                               target, tokenizer)
         assert len(calls) == expected + 1  # training forwards + the final held-out evaluation (one batch)
-        assert AdaFlashDrafter.from_pretrained(final).config.intermediate_size == 16
+        config = AdaFlashDrafter.from_pretrained(final).config
+        assert config.intermediate_size == 16
+        assert config.target_layer_ids == [0, 1, 2, 3]  # default: up to 5 context layers, here all 4 of the tiny target
     with pytest.raises(ValueError, match="steps_per_forward"):
         TrainDrafterConfig(output_dir="x", steps_per_forward=0)

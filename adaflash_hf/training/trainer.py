@@ -30,6 +30,7 @@ from accelerate.utils import extract_model_from_parallel
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids, sample_anchors
 from .data import (
@@ -47,6 +48,9 @@ from .losses import decayed_cross_entropy, decayed_forward_kl, default_gamma, po
 logger = logging.getLogger(__name__)
 
 
+CONTEXT_LAYERS = 5  # target layers a drafter reads by default, however many draft layers it has
+
+
 @dataclass
 class TrainDrafterConfig:
     """Recipe of one drafter training run. Every field has a default except ``output_dir``."""
@@ -57,7 +61,7 @@ class TrainDrafterConfig:
     num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
     intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
     block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
-    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers read as context (default: DFlash's choice)."})
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": f"Target layers read as context (default: {CONTEXT_LAYERS} layers spread from the first to the fourth-last, DFlash's choice for a {CONTEXT_LAYERS}-layer drafter, also for fewer draft layers)."})
     mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
     gamma: float | None = field(default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."})
     loss_positions: int | None = field(default=None, metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."})
@@ -444,6 +448,9 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     overrides = {"mask_token_id": mask_token_id}
     if config.target_layer_ids is not None:
         overrides["target_layer_ids"] = list(config.target_layer_ids)
+    else:  # one middle layer (DFlash's default for a 1-layer drafter) learns markedly slower: results/experiments.md
+        num_target_layers = target.config.get_text_config().num_hidden_layers
+        overrides["target_layer_ids"] = default_target_layer_ids(num_target_layers, max(config.num_layers, CONTEXT_LAYERS))
     if config.intermediate_size is not None:
         overrides["intermediate_size"] = config.intermediate_size
     drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
