@@ -59,8 +59,7 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
         "",
         f"- data: {json.dumps(summary.get('data_sizes'))}",
         f"- steps: {summary.get('steps')}, supervised tokens seen: {summary.get('supervised_tokens_seen')}",
-        f"- wall time: {summary.get('wall_minutes', 0):.1f} min in all ({summary.get('data_minutes', 0):.1f} data, "
-        f"{summary.get('train_minutes', 0):.1f} training) on a 2-core CPU",
+        _wall_time_line(summary),
         "",
         "Reproduce with:",
         "",
@@ -96,6 +95,14 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
               "DFlash drafters, so acceptance is much lower. The news, wiki and fiction domains were held out of "
               "training and accept less.", ""]
     return "\n".join(lines)
+
+
+def _wall_time_line(summary: dict) -> str:
+    wall, data, train = (summary.get(k, 0.0) for k in ("wall_minutes", "data_minutes", "train_minutes"))
+    if wall < train:  # resumed: the summary's wall time covers only the last process
+        return (f"- wall time: {train:.1f} min of training loop over resumed runs on a 2-core CPU (the last process ran "
+                f"{wall:.1f} min, {data:.1f} of them loading data)")
+    return f"- wall time: {wall:.1f} min in all ({data:.1f} data, {train:.1f} training) on a 2-core CPU"
 
 
 def write_model_card(folder: str | Path, bench_json: str | Path | None = None, repo_id: str | None = None,

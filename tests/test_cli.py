@@ -126,3 +126,10 @@ def test_bench_pools_position_acceptance_and_leaves_out_unverified_positions():
     records = [{"positions": ([1, 0, 0], [2, 1, 0])}, {"positions": ([0, 0, 0], [1, 0, 0])}, {"positions": None}]
     assert pooled_position_acceptance(records) == [round(1 / 3, 4), 0.0, None]  # pooled counts, not a mean of ratios
     assert pooled_position_acceptance([{"positions": None}]) is None
+
+
+def test_model_card_wall_time_says_when_a_run_was_resumed():
+    from adaflash_hf.model_card import _wall_time_line
+
+    assert "resumed" in _wall_time_line({"wall_minutes": 20.0, "data_minutes": 0.1, "train_minutes": 60.0})
+    assert "63.0 min in all" in _wall_time_line({"wall_minutes": 63.0, "data_minutes": 1.0, "train_minutes": 60.0})
