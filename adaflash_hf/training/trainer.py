@@ -364,6 +364,10 @@ def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens:
     drafter.eval()
     tokens, spec_s, plain_s, plain_tokens = 0, 0.0, 0.0, 0
     all_stats = None
+    warm = torch.tensor([chat_prompt_ids(tokenizer, prompts[0])], device=target.device)  # first calls pay one-off costs
+    generate(target, drafter, warm, torch.ones_like(warm), max_new_tokens=8)
+    target.generate(input_ids=warm, attention_mask=torch.ones_like(warm), do_sample=False, max_new_tokens=8,
+                    pad_token_id=tokenizer.pad_token_id)
     for prompt in prompts:
         ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], device=target.device)
         start = time.perf_counter()
