@@ -146,8 +146,9 @@ def run_bench(args: BenchArgs) -> int:
         mask = torch.ones_like(ids)
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
-        if method.partition("@")[0] == "adaflash":
-            verify_len = int(method.partition("@")[2]) if "@" in method else args.verify_len
+        base, _, verify_arg = method.partition("@")
+        if base == "adaflash":
+            verify_len = int(verify_arg) if verify_arg else args.verify_len
             out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
                            verify_policy=FixedVerifyLength(verify_len))
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats

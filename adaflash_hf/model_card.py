@@ -99,7 +99,7 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
 
 def _wall_time_line(summary: dict) -> str:
     wall, data, train = (summary.get(k, 0.0) for k in ("wall_minutes", "data_minutes", "train_minutes"))
-    if wall < train:  # resumed: the summary's wall time covers only the last process
+    if wall < train:  # summaries written before the trainer summed wall time over resumed processes
         return (f"- wall time: {train:.1f} min of training loop over resumed runs on a 2-core CPU (the last process ran "
                 f"{wall:.1f} min, {data:.1f} of them loading data)")
     return f"- wall time: {wall:.1f} min in all ({data:.1f} data, {train:.1f} training) on a 2-core CPU"

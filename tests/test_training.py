@@ -228,11 +228,13 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
     for (name, a), (_, b) in zip(loaded.state_dict().items(), exported.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # the last checkpoint is the final drafter
 
+    first_leg = torch.load(tmp_path / "run" / "checkpoints" / "step_3" / "checkpoint.pt", weights_only=False)["state"]
     with caplog.at_level("INFO", logger="adaflash_hf.training.trainer"):
         train_drafter(TrainDrafterConfig(max_steps=5, **common), target, tokenizer)
     assert "resumed from" in caplog.text and "(step 3)" in caplog.text
     summary = json.loads((final / "training_summary.json").read_text())
     assert summary["steps"] == 5
+    assert summary["wall_minutes"] > first_leg["wall_minutes"] > 0  # wall time adds up over resumed processes
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in evals if r["kind"] == "eval"] == [2, 3, 4, 5]
     assert (tmp_path / "run" / "curves.png").exists()

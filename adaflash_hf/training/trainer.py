@@ -473,6 +473,10 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         random.setstate(ckpt["rng"]["python"])
         generator.set_state(ckpt["rng"]["generator"])
         logger.info("resumed from %s (step %d)", latest, state["step"])
+    earlier_wall = state.get("wall_minutes", 0.0)  # wall time of the processes before a resume
+
+    def wall_minutes() -> float:
+        return earlier_wall + (time.perf_counter() - wall_start) / 60
     drafter, optimizer = accelerator.prepare(drafter, optimizer)
     raw_drafter = accelerator.unwrap_model(drafter)
     raw_drafter.train()
@@ -547,9 +551,11 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
                         [round(a, 3) for a in last_eval["position_acceptance"][:4]])
             _plot(metrics_path, output_dir / "curves.png")
         if state["step"] % config.checkpoint_every == 0 and accelerator.is_main_process:
+            state["wall_minutes"] = wall_minutes()
             _save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
     bar.close()
     if accelerator.is_main_process:
+        state["wall_minutes"] = wall_minutes()
         _save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
 
     # 5. Final held-out evaluation, a real-engine check, bf16 weights and the summary.
@@ -573,7 +579,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
             "target_layer_ids": raw_drafter.config.target_layer_ids, "data_sizes": data_sizes,
             "data_minutes": data_minutes, "train_minutes": state["train_minutes"], "steps": state["step"],
             "supervised_tokens_seen": state["tokens_seen"],
-            "wall_minutes": (time.perf_counter() - wall_start) / 60,
+            "wall_minutes": wall_minutes(),  # summed over resumed processes
             "held_out_teacher_forced": final_eval, "engine_check": engine,
         }
         (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
