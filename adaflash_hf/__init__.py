@@ -14,7 +14,8 @@ from transformers import AutoConfig, AutoModel
 from .configuration_adaflash import AdaFlashDrafterConfig
 from .decoding.engine import generate
 from .decoding.outputs import SpeculativeGenerateOutput, SpeculativeStats
-from .decoding.policy import FixedVerifyLength, VerifyLengthPolicy
+from .decoding.policy import FixedVerifyLength, GoodputVerifyLength, VerifyLengthPolicy
+from .decoding.proposers import DraftingConfig, DraftingState
 from .drafters import load_drafter
 from .integration import AdaFlashCandidateGenerator, enable_adaflash, last_generation_stats
 from .modeling_adaflash import AdaFlashDrafter
@@ -24,7 +25,10 @@ __all__ = [
     "AdaFlashCandidateGenerator",
     "AdaFlashDrafter",
     "AdaFlashDrafterConfig",
+    "DraftingConfig",
+    "DraftingState",
     "FixedVerifyLength",
+    "GoodputVerifyLength",
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
     "VerifyLengthPolicy",

@@ -2,7 +2,11 @@
 
 Methods (each prompt runs every method back to back, so machine noise hits all of them alike):
 - ``target``: plain ``generate`` of the target, the 1.0x reference;
-- ``adaflash``: adaflash-hf's engine with the drafter, fixed block;
+- ``adaflash``: adaflash-hf's engine in its default configuration (hybrid drafting: drafter block,
+  suffix matches and the global index, with the goodput verify length);
+- ``adaflash-drafter``, ``adaflash-suffix``, ``adaflash-global``: the engine with one draft source
+  alone (the drafter's block; the prompt and output so far; earlier requests);
+- ``adaflash...@N`` for any of these: a fixed verify length of N tokens (anchor + drafts);
 - ``prompt-lookup``: transformers' prompt lookup decoding;
 - ``assisted``: transformers' assisted generation with an autoregressive draft model;
 - ``dflash-builtin``: transformers' own ``speculation_type="dflash"`` path with the same drafter.
@@ -27,7 +31,10 @@ from .targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("target", "adaflash", "prompt-lookup", "assisted", "dflash-builtin")
+METHODS = ("target", "adaflash", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "prompt-lookup", "assisted",
+           "dflash-builtin")
+POSITIONS = 16  # draft positions whose acceptance is recorded (covers the block and suffix matches)
+SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global"}
 ASSISTANT_FOR = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 
 
@@ -42,7 +49,7 @@ class BenchArgs:
                          metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
     assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
-    verify_len: int | None = field(default=None, metadata={"help": "adaflash: tokens verified per round (anchor + drafts); default: the whole block. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
+    verify_len: int | None = field(default=None, metadata={"help": "adaflash methods: tokens verified per round (anchor + drafts); default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice); recorded in the JSON."})
     dtype: str = field(default="bf16", metadata={"help": "bf16 (fast on AMX/GPU) or fp32 (exactness)."})
     json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
@@ -54,8 +61,8 @@ class BenchArgs:
             raise ValueError(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)} (or adaflash@N).")
         for m in self.method_list:
             base, _, arg = m.partition("@")
-            if arg and (base != "adaflash" or not arg.isdigit() or int(arg) < 1):
-                raise ValueError(f"method {m!r}: only 'adaflash@N' takes a verify length N >= 1 (e.g. adaflash@4).")
+            if arg and (not base.startswith("adaflash") or not arg.isdigit() or int(arg) < 1):
+                raise ValueError(f"method {m!r}: only adaflash methods take a verify length N >= 1 (e.g. adaflash@4).")
         if len(set(self.method_list)) != len(self.method_list):
             raise ValueError(f"--methods lists a method twice: {self.methods!r}.")
         if self.num_threads is not None and self.num_threads < 1:
@@ -121,7 +128,7 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 
 def run_bench(args: BenchArgs) -> int:
-    from . import FixedVerifyLength, enable_adaflash, generate, load_target
+    from . import DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, enable_adaflash, generate, load_target
     from .cli import encode_prompt
     from .drafters import load_drafter
 
@@ -130,7 +137,8 @@ def run_bench(args: BenchArgs) -> int:
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     methods = args.method_list
     bases = {m.partition("@")[0] for m in methods}
-    drafter = load_drafter(args.drafter, target, target_name=args.target) if {"adaflash", "dflash-builtin"} & bases else None
+    needs_drafter = {"adaflash", "adaflash-drafter", "dflash-builtin"} & bases
+    drafter = load_drafter(args.drafter, target, target_name=args.target) if needs_drafter else None
     assistant = None
     if "assisted" in bases:
         name = ASSISTANT_FOR.get(args.target) if args.assistant == "auto" else args.assistant
@@ -142,15 +150,24 @@ def run_bench(args: BenchArgs) -> int:
     pad = tokenizer.pad_token_id
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
 
+    # Each adaflash method learns across prompts (acceptance rates, verify cost, the global index of
+    # earlier requests) in its own state, so no method sees another's outputs.
+    states = {m: DraftingState() for m in methods if m.startswith("adaflash")}
+    policies = {}
+    for m in states:
+        verify_arg = m.partition("@")[2]
+        verify_len = int(verify_arg) if verify_arg else args.verify_len
+        policies[m] = FixedVerifyLength(verify_len) if verify_len else GoodputVerifyLength()
+
     def run(method: str, ids: torch.Tensor):
         mask = torch.ones_like(ids)
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
-        base, _, verify_arg = method.partition("@")
-        if base == "adaflash":
-            verify_len = int(verify_arg) if verify_arg else args.verify_len
+        base = method.partition("@")[0]
+        if base.startswith("adaflash"):
+            drafting = DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF else DraftingConfig()
             out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
-                           verify_policy=FixedVerifyLength(verify_len))
+                           verify_policy=policies[method], drafting=drafting, drafting_state=states[method])
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
         if method == "prompt-lookup":
             return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None
@@ -179,7 +196,8 @@ def run_bench(args: BenchArgs) -> int:
                 reference = new
             records.append(dict(method=method, domain=item["domain"], prompt=i, new_tokens=len(new), seconds=seconds,
                                 forwards=counter.calls, drafts=counter.drafts, same=new == reference,
-                                positions=stats.position_counts(drafter.config.block_size - 1) if stats else None))
+                                positions=stats.position_counts(POSITIONS) if stats else None,
+                                sources=stats.source_counts() if stats else None))
         done = [r for r in records if r["prompt"] == i]
         print(f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
               + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done), file=sys.stderr)
@@ -219,9 +237,24 @@ def summarise(records: list[dict], methods: list[str]) -> list[dict]:
                 tokens_per_second=round(tps, 3), mean_accepted_length=round(tokens / forwards, 3),
                 accept_rate=round(max(accepted, 0) / drafts, 4) if drafts else None,
                 speedup=round(tps / base_tps, 3), same_as_target=round(sum(r["same"] for r in group) / len(group), 3),
-                position_acceptance=acceptance,
+                position_acceptance=acceptance, sources=pooled_sources(group),
             ))
     return results
+
+
+def pooled_sources(records: list[dict]) -> dict[str, dict] | None:
+    """Per draft source: the fraction of rounds that used it and the drafts it got accepted per round."""
+    counts: dict[str, list[int]] = {}
+    for r in records:
+        for source, (rounds, accepted) in (r.get("sources") or {}).items():
+            total = counts.setdefault(source, [0, 0])
+            total[0] += rounds
+            total[1] += accepted
+    if not counts:
+        return None
+    all_rounds = sum(n for n, _ in counts.values())
+    return {source: {"round_fraction": round(n / all_rounds, 4), "accepted_per_round": round(a / n, 3)}
+            for source, (n, a) in sorted(counts.items())}
 
 
 def pooled_position_acceptance(records: list[dict]) -> list[float | None] | None:
@@ -235,13 +268,15 @@ def pooled_position_acceptance(records: list[dict]) -> list[float | None] | None
 
 
 def print_table(results: list[dict]) -> None:
-    header = f"{'domain':<8} {'method':<15} {'prompts':>7} {'tokens':>7} {'tok/s':>7} {'tau':>6} {'accept':>7} {'speedup':>8} {'same':>5}"
+    header = (f"{'domain':<8} {'method':<18} {'prompts':>7} {'tokens':>7} {'tok/s':>7} {'tau':>6} {'accept':>7} {'speedup':>8} {'same':>5}"
+              "  sources (share of rounds / drafts accepted per round)")
     print(header)
     print("-" * len(header))
     for r in results:
         accept = "-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}"
-        print(f"{r['domain']:<8} {r['method']:<15} {r['num_prompts']:>7} {r['new_tokens']:>7} {r['tokens_per_second']:>7.2f} "
-              f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}")
+        sources = " ".join(f"{k}:{v['round_fraction']:.0%}/{v['accepted_per_round']:.2f}" for k, v in (r.get("sources") or {}).items())
+        print(f"{r['domain']:<8} {r['method']:<18} {r['num_prompts']:>7} {r['new_tokens']:>7} {r['tokens_per_second']:>7.2f} "
+              f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}  {sources}")
 
 
 def plot_results(records: list[dict], results: list[dict], path: str) -> None:

@@ -156,6 +156,15 @@ def _register_optional_commands() -> None:
                                      "Train a drafter for a target (DFlash recipe), with checkpoints and resume.")
     except ImportError as error:  # pragma: no cover
         logging.getLogger(__name__).debug("train-drafter unavailable: %s", error)
+    try:
+        from .training.data import GenerateDataConfig, generate_data
+        COMMANDS["generate-data"] = (GenerateDataConfig, generate_data,
+                                     "Cache the target's own greedy responses to training prompts (resumable), for train-drafter.")
+    except ImportError as error:  # pragma: no cover
+        logging.getLogger(__name__).debug("generate-data unavailable: %s", error)
+    from .training.vocab import DraftVocabConfig, run_draft_vocab
+    COMMANDS["draft-vocab"] = (DraftVocabConfig, run_draft_vocab,
+                               "Choose a reduced draft vocabulary from the target's own outputs (coverage table) and attach it to a drafter.")
 
 
 def main(argv: list[str] | None = None) -> int:

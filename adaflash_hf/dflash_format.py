@@ -21,7 +21,8 @@ def save_dflash_checkpoint(drafter: AdaFlashDrafter, path: str | Path, dtype: to
     path.mkdir(parents=True, exist_ok=True)
     config = drafter.config.to_dflash_dict()
     config["dtype"] = str(dtype).removeprefix("torch.")
-    tensors = {name: t.detach().to(dtype).contiguous().cpu() for name, t in drafter.state_dict().items()}
+    # A reduced draft vocabulary is adaflash-hf's own addition: DFlash readers expect none.
+    tensors = {name: t.detach().to(dtype).contiguous().cpu() for name, t in drafter.state_dict().items() if name != "draft_vocab"}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path

@@ -22,18 +22,30 @@ from ._compat import check_transformers_version
 from .checks import check_pair, is_adaflash_drafter
 from .decoding.engine import context_features, draft_block
 from .decoding.outputs import RoundStats, SpeculativeStats
-from .decoding.policy import FixedVerifyLength, VerifyLengthPolicy
+from .decoding.policy import VerifyLengthPolicy
+from .decoding.proposers import (
+    NONE,
+    DraftHead,
+    DraftingConfig,
+    DraftingState,
+    HybridProposer,
+    default_drafting_state,
+    top_probs_and_tokens,
+)
 from .modeling_adaflash import AdaFlashDrafter
 
 logger = logging.getLogger(__name__)
 
 
 class AdaFlashCandidateGenerator(CandidateGenerator):
-    """Drafts a block per round from the hidden states of the previous verification (no extra target pass).
+    """Hybrid drafting inside transformers' assisted-decoding loop (no extra target pass).
 
-    transformers calls ``get_candidates`` with the last verification output (``requires_model_outputs``)
-    and the number of drafts it accepted, then ``update_candidate_strategy`` after acceptance.
-    Statistics of the run accumulate in ``self.stats`` (a :class:`SpeculativeStats`).
+    Each round it proposes the drafter's block, drafted from the hidden states of the previous
+    verification, or a suffix match from the prompt, the output so far or earlier requests, whichever
+    is expected to get more tokens accepted (:mod:`adaflash_hf.decoding.proposers`), or nothing (a
+    plain step). transformers calls ``get_candidates`` with the last verification output
+    (``requires_model_outputs``) and ``update_candidate_strategy`` after acceptance. Statistics of the
+    run accumulate in ``self.stats`` (a :class:`SpeculativeStats`).
     """
 
     requires_model_outputs = True
@@ -44,65 +56,95 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         drafter: AdaFlashDrafter,
         generation_config: GenerationConfig,
         verify_policy: VerifyLengthPolicy | None = None,
+        drafting: DraftingConfig | None = None,
+        drafting_state: DraftingState | None = None,
     ):
         check_pair(target, drafter)
+        state = drafting_state or default_drafting_state(target)
+        self.drafting = drafting or state.config
         self.target, self.drafter = target, drafter
+        self.use_drafter = self.drafting.drafter
         self.embed = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
+        self.head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if self.use_drafter else None
         self.layer_ids = drafter.config.target_layer_ids
-        self.block_size = drafter.config.block_size
+        self.block_size = drafter.config.block_size if self.use_drafter else 1
         self.max_length = generation_config.max_length
-        self.policy = verify_policy or FixedVerifyLength()
+        self.policy = verify_policy or state.policy
+        max_drafts = max(self.block_size - 1, self.drafting.max_suffix_tokens if (self.drafting.suffix or self.drafting.global_index) else 0)
+        self.proposer = HybridProposer(state, self.drafting, max_drafts)
         # Ask the target for just the context layers, unless the user wants every hidden state returned
         # (selecting layers then breaks generate's output bookkeeping).
         wants_all = generation_config.return_dict_in_generate and generation_config.output_hidden_states
-        self.model_kwargs_overrides: dict[str, Any] = {
-            "output_hidden_states": True if wants_all else [i + 1 for i in self.layer_ids]
-        }
+        self.model_kwargs_overrides: dict[str, Any] = {}
+        if self.use_drafter or wants_all:
+            self.model_kwargs_overrides["output_hidden_states"] = True if wants_all else [i + 1 for i in self.layer_ids]
         self.cache = DynamicCache()
         self.stats = SpeculativeStats()
         self._cached_len = 0  # target tokens whose features are in the drafter cache
-        self._pending: tuple[int, float, int] | None = None  # (drafts, draft_time, verify_start) of the open round
+        self._waiting: list[torch.Tensor] = []  # features of later tokens, not yet read by the drafter
+        self._known = 0  # tokens of the sequence already in the proposer's history
+        self._pending: tuple[int, str, float, float] | None = None  # (drafts, source, draft_time, verify_start) of the open round
 
     @torch.inference_mode()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs):
         # The first call precedes the target's prefill: propose nothing, let it compute hidden states.
         if is_first_iteration or model_outputs is None:
+            self.proposer.add_row(0, input_ids[0].tolist())
+            self._known = input_ids.shape[1]
             return input_ids, None
         start = time.perf_counter()
         seq_len = input_ids.shape[1]
         processed = seq_len - 1  # the newest token (bonus) is not yet in the target cache
-        new = processed - self._cached_len  # tokens whose features the drafter has not seen
-        hidden = model_outputs.hidden_states
-        context = context_features(hidden, self.layer_ids)[:, :new]  # prefill: every prompt token; later: accepted
+        drafted: dict[str, torch.Tensor] = {}
+        if self.use_drafter:
+            # Features of the tokens the last forward added (prefill: the prompt; later: the accepted
+            # tokens, first in the verification output) wait here until the drafter next runs.
+            added = processed - self._cached_len - sum(c.shape[1] for c in self._waiting)
+            self._waiting.append(context_features(model_outputs.hidden_states, self.layer_ids)[:, :added])
         mask = model_kwargs.get("attention_mask") if model_kwargs else None
         if mask is None:
             mask = torch.ones_like(input_ids)
-        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
-        draft_hidden = draft_block(self.drafter, self.embed, input_ids[:, -1], context, positions[:, self._cached_len : processed],
-                                   positions[:, -1], mask[:, :processed], self.cache)
-        self._cached_len = processed
-        verify_len = int(self.policy.verify_lens(draft_hidden, self.block_size)[0])
-        num_drafts = min(verify_len - 1, self.max_length - seq_len - 1)
+
+        def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+            context = torch.cat(self._waiting, dim=1)
+            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
+            drafted["hidden"] = draft_block(self.drafter, self.embed, input_ids[:, -1], context, positions[:, self._cached_len : processed],
+                                            positions[:, -1], mask[:, :processed], self.cache)
+            self._cached_len, self._waiting = processed, []
+            tokens, top_probs, _ = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
+            return tokens, top_probs
+
+        proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)
+        draft_hidden = drafted.get("hidden")
+        verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden)[0]) if proposal.tokens.shape[1] else 1
+        num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
         if num_drafts <= 0:
-            self._pending = None
+            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter())
             return input_ids, None
-        draft_tokens = self.lm_head(draft_hidden[:, 1 : num_drafts + 1]).argmax(-1)  # (1, g)
-        self._pending = (num_drafts, time.perf_counter() - start, time.perf_counter())
-        # Argmax drafts are exact one-hot proposals: returning no logits makes transformers verify by
-        # sampling from the target and matching, which is lossless at any temperature.
+        draft_tokens = proposal.tokens[:, :num_drafts].to(input_ids.device)  # (1, g)
+        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter())
+        # Deterministic drafts are exact one-hot proposals: returning no logits makes transformers verify
+        # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        chunk = input_ids[0, self._known :].tolist()
+        self.proposer.record([0], [chunk])
+        self.proposer.extend_row(0, chunk)
+        self._known = input_ids.shape[1]
         if self._pending is None:
             return
-        num_drafts, draft_time, verify_start = self._pending
+        num_drafts, source, draft_time, verify_start = self._pending
         verify_time = time.perf_counter() - verify_start
-        num_matches = int(num_matches)
-        self.stats.rounds.append(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time))
-        device = input_ids.device
-        self.policy.update(torch.tensor([num_matches], device=device), torch.tensor([num_drafts + 1], device=device), verify_time)
+        num_matches = min(int(num_matches), num_drafts)
+        self.stats.add_round(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time, [source]))
+        self.policy.update(torch.tensor([num_matches]), torch.tensor([num_drafts + 1]), verify_time)
         self._pending = None
+
+    def finish(self) -> None:
+        """Hand the finished request to the global suffix index (called when the next request starts)."""
+        if 0 in self.proposer.history:
+            self.proposer.finish_row(0)
 
 
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
@@ -114,7 +156,11 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
                 "For batches use adaflash_hf.generate(target, drafter, input_ids, attention_mask, ...), which "
                 "advances every row by its own accepted length."
             )
-        generator = AdaFlashCandidateGenerator(self, assistant_model, generation_config, getattr(self, "adaflash_verify_policy", None))
+        previous = getattr(self, "adaflash_last_generator", None)
+        if previous is not None:
+            previous.finish()
+        generator = AdaFlashCandidateGenerator(self, assistant_model, generation_config, getattr(self, "adaflash_verify_policy", None),
+                                               getattr(self, "adaflash_drafting", None))
         self.adaflash_last_generator = generator
         return generator
     return super(type(self), self)._get_candidate_generator(
@@ -124,13 +170,15 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
     )
 
 
-def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy | None = None) -> PreTrainedModel:
+def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy | None = None,
+                    drafting: DraftingConfig | None = None) -> PreTrainedModel:
     """Make ``target.generate(assistant_model=drafter)`` and pipelines use AdaFlash; returns ``target``.
 
     Idempotent. Only this object changes (its class becomes a same-named subclass), so other models
     and other assistants keep transformers' stock behaviour. ``verify_policy`` sets the verify length
-    (default: the drafter's whole block). After a call, ``target.adaflash_last_generator.stats``
-    holds the run's tau, accept rate and timings.
+    (default: :class:`GoodputVerifyLength`); ``drafting`` the draft sources (default: drafter block,
+    suffix matches and the global index of earlier requests). After a call,
+    ``target.adaflash_last_generator.stats`` holds the run's tau, accept rate, sources and timings.
     """
     check_transformers_version()
     if not isinstance(target, PreTrainedModel) or not hasattr(target, "_get_candidate_generator"):
@@ -145,6 +193,8 @@ def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy |
         })
     if verify_policy is not None:
         target.adaflash_verify_policy = verify_policy
+    if drafting is not None:
+        target.adaflash_drafting = drafting
     return target
 
 

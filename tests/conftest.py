@@ -91,3 +91,11 @@ def greedy_reference(target, prompt: list[int], max_new_tokens: int, eos: bool =
     kwargs = {} if eos else {"eos_token_id": None}
     out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
     return out[0].tolist()
+
+
+def drafter_only(verify_len: int | None = None) -> dict:
+    """generate() kwargs that isolate the drafter: its block only, a fixed verify length, a fresh state."""
+    from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
+
+    return dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(verify_len),
+                drafting_state=DraftingState())

@@ -13,7 +13,7 @@ from transformers import AutoModel
 from adaflash_hf import AdaFlashDrafter, generate
 from adaflash_hf.dflash_format import save_dflash_checkpoint
 
-from conftest import left_pad, random_prompts
+from conftest import drafter_only, left_pad, random_prompts
 
 
 def same_weights(a, b) -> bool:
@@ -28,8 +28,8 @@ def test_save_load_round_trip(target, drafter, tmp_path):
     assert same_weights(loaded, drafter)
     assert AutoModel.from_pretrained(tmp_path).__class__ is AdaFlashDrafter
     ids, mask = left_pad(random_prompts((3, 6)))
-    a = generate(target, drafter, ids, mask, max_new_tokens=6, eos_token_id=None)
-    b = generate(target, loaded.eval(), ids, mask, max_new_tokens=6, eos_token_id=None)
+    a = generate(target, drafter, ids, mask, max_new_tokens=6, eos_token_id=None, **drafter_only())
+    b = generate(target, loaded.eval(), ids, mask, max_new_tokens=6, eos_token_id=None, **drafter_only())
     assert torch.equal(a.sequences, b.sequences)
     assert [r.accept_lengths for r in a.stats.rounds] == [r.accept_lengths for r in b.stats.rounds]
 

@@ -43,7 +43,7 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
 
     threads = torch.get_num_threads()
     code = main(["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
-                 "--methods", "target,adaflash,adaflash@2,prompt-lookup,dflash-builtin", "--max-new-tokens", "5", "--num-threads", "1",
+                 "--methods", "target,adaflash,adaflash@2,adaflash-drafter,adaflash-suffix,prompt-lookup,dflash-builtin", "--max-new-tokens", "5", "--num-threads", "1",
                  "--json", str(out), "--plot", str(tmp_path / "acc.png")])
     torch.set_num_threads(threads)
     assert code == 0
@@ -60,8 +60,13 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
             assert r["mean_accepted_length"] == 1.0 and r["speedup"] == 1.0 and r["same_as_target"] == 1.0
     adaflash = next(r for r in results if r["method"] == "adaflash" and r["domain"] == "all")
     assert adaflash["same_as_target"] == 1.0  # fp32 greedy is lossless
-    assert len(adaflash["position_acceptance"]) == 3  # block 4: draft positions 1..3
     assert all(a is None or 0.0 <= a <= 1.0 for a in adaflash["position_acceptance"])
+    drafter_only = next(r for r in results if r["method"] == "adaflash-drafter" and r["domain"] == "all")
+    assert drafter_only["position_acceptance"][3:] == [None] * (len(drafter_only["position_acceptance"]) - 3)  # block 4: drafts 1..3
+    assert set(drafter_only["sources"]) <= {"drafter", "none"} and drafter_only["same_as_target"] == 1.0
+    suffix_only = next(r for r in results if r["method"] == "adaflash-suffix" and r["domain"] == "all")
+    assert set(suffix_only["sources"]) <= {"suffix", "none"} and suffix_only["same_as_target"] == 1.0
+    assert abs(sum(v["round_fraction"] for v in adaflash["sources"].values()) - 1.0) < 1e-3
     short = next(r for r in results if r["method"] == "adaflash@2" and r["domain"] == "all")
     assert short["same_as_target"] == 1.0 and short["mean_accepted_length"] <= 2.0  # verify 2 = anchor + 1 draft
     assert payload["torch_threads"] == 1
@@ -74,7 +79,7 @@ def test_bench_args_validation():
         BenchArgs(methods="target,medusa")
     with pytest.raises(ValueError, match="must include 'target'"):
         BenchArgs(methods="adaflash")
-    with pytest.raises(ValueError, match="adaflash@N"):
+    with pytest.raises(ValueError, match="only adaflash methods take a verify length"):
         BenchArgs(methods="target,assisted@3")
     with pytest.raises(ValueError, match="twice"):
         BenchArgs(methods="target,adaflash,adaflash")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaflash_hf import FixedVerifyLength, generate
+from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, generate
 
 from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
 
 LENGTHS = (3, 9, 5, 12, 7)
+DRAFTER_ONLY = dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength())  # the block, whole
 
 
 def expected_rows(target, prompts, max_new_tokens):
@@ -35,7 +36,7 @@ def test_oracle_drafter_ragged_acceptance(target, drafter, error_rate):
     width = ids.shape[1]
     references = {width - len(p): greedy_reference(target, p, 40, eos=False) for p in prompts}
     oracle = OracleDrafter(drafter.config).setup(target, references, error_rate).eval()
-    out = generate(target, oracle, ids, mask, max_new_tokens=30, eos_token_id=EOS)
+    out = generate(target, oracle, ids, mask, max_new_tokens=30, eos_token_id=EOS, **DRAFTER_ONLY)
     assert generated_rows(out, width) == expected_rows(target, prompts, 30)
     accepts = [a for r in out.stats.rounds for a in r.accept_lengths]
     block = drafter.config.block_size
@@ -58,7 +59,7 @@ def test_eos_inside_accepted_block_and_budget(target, drafter):
     eos = references[width - len(prompts[0])][len(prompts[0]) + 6]
     oracle = OracleDrafter(drafter.config).setup(target, references, 0.0).eval()
     for max_new in (1, 7, 23):
-        out = generate(target, oracle, ids, mask, max_new_tokens=max_new, eos_token_id=eos)
+        out = generate(target, oracle, ids, mask, max_new_tokens=max_new, eos_token_id=eos, **DRAFTER_ONLY)
         want = [
             greedy_reference(target, p, max_new, eos=False)[len(p):] for p in prompts
         ]
@@ -73,7 +74,8 @@ def test_verify_length_policy_caps_acceptance(target, drafter):
     width = ids.shape[1]
     references = {width - len(p): greedy_reference(target, p, 40, eos=False) for p in prompts}
     oracle = OracleDrafter(drafter.config).setup(target, references, 0.0).eval()
-    out = generate(target, oracle, ids, mask, max_new_tokens=20, eos_token_id=None, verify_policy=FixedVerifyLength(3))
+    out = generate(target, oracle, ids, mask, max_new_tokens=20, eos_token_id=None, verify_policy=FixedVerifyLength(3),
+                   drafting=DraftingConfig.only("drafter"))
     assert generated_rows(out, width) == [r[len(p): len(p) + 20] for p, r in zip(prompts, [references[width - len(p)] for p in prompts])]
     assert max(a for r in out.stats.rounds for a in r.accept_lengths) == 2
     assert out.accept_rate == pytest.approx(1.0)
@@ -113,8 +115,11 @@ def test_stats_are_consistent(target, drafter):
 def test_sampling_runs_and_is_reproducible(target, drafter):
     ids, mask = left_pad(random_prompts((4, 7)))
     kwargs = dict(max_new_tokens=10, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, eos_token_id=None)
-    a = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), **kwargs)
-    b = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), **kwargs)
+    # reproducible given the seed, a fixed verify length and a fresh drafting state (the default state
+    # and the goodput policy learn from earlier calls and from timings)
+    kwargs["verify_policy"] = FixedVerifyLength()
+    a = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), drafting_state=DraftingState(), **kwargs)
+    b = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), drafting_state=DraftingState(), **kwargs)
     assert torch.equal(a.sequences, b.sequences)
     c = generate(target, drafter, ids, mask, draft_sampling=True, generator=torch.Generator().manual_seed(0), **kwargs)
     assert c.sequences.shape[0] == 2

@@ -93,7 +93,7 @@ def test_engine_sampling_reproduces_target_distribution(draft_sampling):
     """End to end: the engine's (x1, x2, x3) over many rows follows the target's own sampling law."""
     from adaflash_hf import AdaFlashDrafter, generate
 
-    from conftest import OracleDrafter, greedy_reference, tiny_target
+    from conftest import OracleDrafter, drafter_only, greedy_reference, tiny_target
 
     target = tiny_target("llama", seed=7)
     prompt = [5, 9, 14, 20]
@@ -103,7 +103,8 @@ def test_engine_sampling_reproduces_target_distribution(draft_sampling):
     rows = 3000
     ids = torch.tensor([prompt] * rows)
     out = generate(target, oracle, ids, torch.ones_like(ids), max_new_tokens=3, do_sample=True, temperature=1.5, top_k=3,
-                   top_p=None, eos_token_id=None, draft_sampling=draft_sampling, generator=torch.Generator().manual_seed(3))
+                   top_p=None, eos_token_id=None, draft_sampling=draft_sampling, generator=torch.Generator().manual_seed(3),
+                   **drafter_only())
     assert out.accept_rate > 0.05  # the drafts were really accepted some of the time
     new = out.sequences[:, len(prompt):]  # (rows, 3)
 

@@ -8,14 +8,14 @@ best row's acceptance are cropped away, and a finished row is dropped from both 
 rows cost nothing. The drafter's context slots mirror the target's one for one: the hidden states
 of the slots a verification added become the drafter's new context in the next round.
 
-Round: draft -> choose verify lengths -> verify -> accept -> crop -> update policy and streams.
+Round: propose (drafter block, suffix matches) -> choose verify lengths -> verify -> accept -> crop ->
+update policy, acceptance estimates and streams.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Callable
 
 import torch
@@ -24,8 +24,10 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from .._compat import CACHE_KWARG
 from ..checks import check_pair, check_prompt_batch, sampling_params_from
 from ..modeling_adaflash import AdaFlashDrafter
+from .cost import timer
 from .outputs import RoundStats, SpeculativeGenerateOutput, SpeculativeStats
-from .policy import FixedVerifyLength, VerifyLengthPolicy
+from .policy import VerifyLengthPolicy
+from .proposers import NONE, DraftHead, DraftingConfig, DraftingState, HybridProposer, default_drafting_state, top_probs_and_tokens
 from .sampling import greedy_accept, logits_to_probs, rejection_accept, sample
 
 logger = logging.getLogger(__name__)
@@ -67,24 +69,28 @@ class _Rows:
         self.slot_mask = slot_mask  # (b, S) 1 where a target cache slot holds an accepted token
         self.next_pos = next_pos  # (b,) position of last_token
         self.last_token = last_token  # (b,) newest token, not yet seen by the target
-        self.pending_hidden = pending_hidden  # (b, s, n*H) target features not yet in the drafter cache
+        self.pending_hidden = pending_hidden  # (b, s, n*H) target features not yet in the drafter cache (None: no drafter)
         self.pending_pos = pending_pos  # (b, s) their positions
         self.ids = ids  # original batch indices
 
     def select(self, keep: torch.Tensor) -> None:
         for name in ("slot_mask", "next_pos", "last_token", "pending_hidden", "pending_pos"):
-            setattr(self, name, getattr(self, name).index_select(0, keep))
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.index_select(0, keep))
         self.ids = [self.ids[i] for i in keep.tolist()]
 
 
 @torch.inference_mode()
 def generate(
     target: PreTrainedModel,
-    drafter: AdaFlashDrafter,
+    drafter: AdaFlashDrafter | None,
     input_ids: torch.LongTensor,
     attention_mask: torch.Tensor | None = None,
     *,
     verify_policy: VerifyLengthPolicy | None = None,
+    drafting: DraftingConfig | None = None,
+    drafting_state: DraftingState | None = None,
     draft_sampling: bool = False,
     generator: torch.Generator | None = None,
     streamer=None,
@@ -97,11 +103,18 @@ def generate(
 
     Args:
         target: the causal LM whose output distribution is reproduced exactly.
-        drafter: an :class:`AdaFlashDrafter` built for ``target``.
+        drafter: an :class:`AdaFlashDrafter` built for ``target``, or None to draft from suffix
+            matches only.
         input_ids: (b, L) left-padded prompt ids; attention_mask (b, L) is required when b > 1.
-        verify_policy: chooses verify lengths per round (default: the whole block).
-        draft_sampling: with ``do_sample``, sample drafts from the drafter's distribution and accept
-            with min(1, p/q); otherwise drafts are the drafter's argmax (also lossless).
+        verify_policy: chooses verify lengths per round (default: :class:`GoodputVerifyLength`, which
+            maximises expected tokens per second with this machine's measured verify cost).
+        drafting: which draft sources each row may use per round (default: all of them, see
+            :class:`DraftingConfig`); each round every row takes the candidate with the most
+            expected accepted tokens, or none.
+        drafting_state: acceptance statistics and the global suffix index shared across calls
+            (default: one per target model, :func:`drafting_state`).
+        draft_sampling: with ``do_sample``, sample the drafter's drafts from its distribution and accept
+            with min(1, p/q); otherwise drafts are deterministic (also lossless).
         generator: torch RNG for reproducible sampling.
         streamer: a transformers streamer (batch size 1), fed the prompt then accepted tokens.
         on_tokens: callback ``(row, token_ids)`` called with each row's newly accepted tokens.
@@ -124,16 +137,25 @@ def generate(
     if config.max_new_tokens is None:  # as generate(): max_length bounds prompt + new tokens
         config.max_new_tokens = config.max_length - input_ids.shape[1]
     params = sampling_params_from(config)
-    check_pair(target, drafter, tokenizer)
+    if drafter is not None:
+        check_pair(target, drafter, tokenizer)
+    state = drafting_state or default_drafting_state(target)
+    drafting = drafting or state.config
+    use_drafter = drafter is not None and drafting.drafter
+    if not (use_drafter or drafting.suffix or drafting.global_index):
+        raise ValueError("no draft source is left: pass a drafter, or enable suffix or global_index in DraftingConfig.")
     max_new_tokens = config.max_new_tokens
     eos_ids = set() if config.eos_token_id is None else set(torch.tensor(config.eos_token_id).flatten().tolist())
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
-    policy = verify_policy or FixedVerifyLength()
-    block_size = drafter.config.block_size
-    layer_ids = drafter.config.target_layer_ids
-    hidden_request = [i + 1 for i in layer_ids]
+    policy = verify_policy or state.policy
+    block_size = drafter.config.block_size if use_drafter else 1
+    layer_ids = drafter.config.target_layer_ids if use_drafter else []
+    hidden_request = [i + 1 for i in layer_ids] if use_drafter else None
     embed = target.get_input_embeddings()
-    lm_head = target.get_output_embeddings()
+    head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab if use_drafter else None) if use_drafter else None
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    max_drafts = max(block_size - 1, drafting.max_suffix_tokens if (drafting.suffix or drafting.global_index) else 0)
+    proposer = HybridProposer(state, drafting, max_drafts)
     device = input_ids.device
     batch_size = input_ids.shape[0]
     stats = SpeculativeStats()
@@ -145,7 +167,7 @@ def generate(
         return logits.argmax(-1) if not params.do_sample else sample(logits_to_probs(logits, params), generator)
 
     # 0. Prefill the target on the prompts; its first token is the first anchor.
-    start = time.perf_counter()
+    start = timer(device)
     target_cache, draft_cache = DynamicCache(), DynamicCache()
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     out = target(
@@ -157,34 +179,44 @@ def generate(
         slot_mask=attention_mask.long(),
         next_pos=position_ids[:, -1] + 1,
         last_token=first,
-        pending_hidden=context_features(out.hidden_states, layer_ids),
+        pending_hidden=context_features(out.hidden_states, layer_ids) if use_drafter else None,
         pending_pos=position_ids,
         ids=list(range(batch_size)),
     )
-    stats.prefill_time = time.perf_counter() - start
-    done = emit(rows.ids, [[t] for t in first.tolist()], new_tokens, eos_ids, max_new_tokens, streamer, on_tokens)
+    stats.prefill_time = timer(device) - start
+    for row in range(batch_size):
+        proposer.add_row(row, input_ids[row][attention_mask[row].bool()].tolist())
+    done = emit(rows.ids, [[t] for t in first.tolist()], new_tokens, eos_ids, max_new_tokens, streamer, on_tokens, proposer)
     drop_finished(rows, done, target_cache, draft_cache)
 
     while rows.ids:
-        # 1. Draft: one drafter pass over [anchor, MASK...] with the new target features as context.
-        start = time.perf_counter()
-        draft_hidden = draft_block(drafter, embed, rows.last_token, rows.pending_hidden, rows.pending_pos,
-                                   rows.next_pos, rows.slot_mask, draft_cache)
-        verify_lens = policy.verify_lens(draft_hidden, block_size).clamp(1, block_size)
-        budget = torch.tensor([max_new_tokens - len(new_tokens[i]) for i in rows.ids], device=device)
-        num_drafts = torch.minimum(verify_lens - 1, budget - 1).clamp_min(0)  # never draft past max_new_tokens
+        # 1. Propose: the drafter's block (one pass over [anchor, MASK...] with the new target features
+        #    as context) and each row's suffix matches; every row keeps its most promising candidate.
+        start = timer(device)
+        drafted: dict[str, torch.Tensor] = {}
+
+        def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+            drafted["hidden"] = draft_block(drafter, embed, rows.last_token, rows.pending_hidden, rows.pending_pos,
+                                            rows.next_pos, rows.slot_mask, draft_cache)
+            tokens, top_probs, drafted["logits"] = top_probs_and_tokens(head, drafted["hidden"][:, 1:])
+            return tokens, top_probs
+
+        proposal = proposer.propose(rows.ids, run_drafter if use_drafter else None)
+        draft_hidden, draft_logits = drafted.get("hidden"), drafted.get("logits")
+        budget = torch.tensor([max_new_tokens - len(new_tokens[i]) for i in rows.ids])
+        verify_lens = policy.verify_lens(proposal.rates, draft_hidden).cpu().clamp(1, proposal.tokens.shape[1] + 1)
+        num_drafts = torch.minimum(torch.minimum(verify_lens - 1, proposal.lengths), budget - 1).clamp_min(0)  # never past max_new_tokens
         g = int(num_drafts.max())
-        draft_logits = lm_head(draft_hidden[:, 1 : g + 1])  # (b, g, V)
+        draft_tokens = proposal.tokens[:, :g].to(device)  # (b, g)
         draft_probs = None
-        if params.do_sample and draft_sampling:
-            draft_probs = logits_to_probs(draft_logits, params)
-            draft_tokens = sample(draft_probs, generator)
-        else:
-            draft_tokens = draft_logits.argmax(-1)  # (b, g)
-        draft_time = time.perf_counter() - start
+        if params.do_sample and draft_sampling and g:
+            draft_tokens, draft_probs = sample_drafter_rows(proposal.sources, draft_tokens, draft_logits, head, params,
+                                                            vocab_size, generator)
+        num_drafts = num_drafts.to(device)
+        draft_time = timer(device) - start
 
         # 2. Verify: one target pass over [anchor, drafts] for every row.
-        start = time.perf_counter()
+        start = timer(device)
         verify_ids = torch.cat([rows.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
         verify_pos = rows.next_pos[:, None] + torch.arange(g + 1, device=device)
         out = target(
@@ -200,7 +232,7 @@ def generate(
             )
         else:
             accept_lengths, next_tokens = greedy_accept(draft_tokens, out.logits, num_drafts)
-        verify_time = time.perf_counter() - start
+        verify_time = timer(device) - start
 
         # 4. Crop: keep slots up to the best row's acceptance; the rest of each row becomes a hole.
         keep = int(accept_lengths.max()) + 1
@@ -208,19 +240,25 @@ def generate(
             target_cache.crop(keep - g - 1)
         kept = torch.arange(keep, device=device)[None]
         rows.slot_mask = torch.cat([rows.slot_mask, (kept <= accept_lengths[:, None]).long()], dim=1)
-        rows.pending_hidden = context_features(out.hidden_states, layer_ids)[:, :keep]
-        rows.pending_pos = verify_pos[:, :keep]
+        if use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
+            new_hidden = context_features(out.hidden_states, layer_ids)[:, :keep]
+            if proposer.drafter_ran:
+                rows.pending_hidden, rows.pending_pos = new_hidden, verify_pos[:, :keep]
+            else:
+                rows.pending_hidden = torch.cat([rows.pending_hidden, new_hidden], dim=1)
+                rows.pending_pos = torch.cat([rows.pending_pos, verify_pos[:, :keep]], dim=1)
         rows.next_pos = rows.next_pos + accept_lengths + 1
         rows.last_token = next_tokens
 
-        # 5. Update policy, statistics and streams; retire finished rows.
-        policy.update(accept_lengths, verify_lens, verify_time)
-        stats.rounds.append(RoundStats(list(rows.ids), accept_lengths.tolist(), (num_drafts + 1).tolist(), draft_time, verify_time))
-        accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1)
-        chunks = [
-            accepted[i, : n].tolist() + [t] for i, (n, t) in enumerate(zip(accept_lengths.tolist(), next_tokens.tolist()))
-        ]
-        done = emit(rows.ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens)
+        # 5. Update policy, acceptance estimates, statistics and streams; retire finished rows.
+        accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
+        policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, verify_time)
+        sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
+        stats.add_round(RoundStats(list(rows.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources))
+        accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1).tolist()
+        chunks = [accepted[i][:n] + [t] for i, (n, t) in enumerate(zip(accepted_list, next_tokens.tolist()))]
+        proposer.record(rows.ids, chunks)
+        done = emit(rows.ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens, proposer)
         drop_finished(rows, done, target_cache, draft_cache)
 
     if streamer is not None:
@@ -234,7 +272,26 @@ def generate(
     )
 
 
-def emit(ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens) -> list[bool]:
+def sample_drafter_rows(sources, draft_tokens, draft_logits, head, params, vocab_size, generator):
+    """Sampled drafts for the rows that took the drafter's block; one-hot q for suffix rows.
+
+    Returns draft_tokens (b, g) and draft_probs (b, g, V) over the target vocabulary, so that
+    rejection sampling with min(1, p/q) stays exact for every row.
+    """
+    g = draft_tokens.shape[1]
+    draft_probs = torch.zeros(*draft_tokens.shape, vocab_size, device=draft_tokens.device)
+    draft_probs.scatter_(-1, draft_tokens[..., None], 1.0)
+    rows = [i for i, s in enumerate(sources) if s == "drafter"]
+    if rows and draft_logits is not None:
+        index = torch.tensor(rows, device=draft_tokens.device)
+        q = head.to_target_probs(logits_to_probs(draft_logits[index, :g], params), vocab_size)
+        draft_tokens = draft_tokens.clone()
+        draft_tokens[index] = sample(q, generator)
+        draft_probs[index] = q
+    return draft_tokens, draft_probs
+
+
+def emit(ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens, proposer) -> list[bool]:
     """Append each row's accepted tokens, cut at EOS and max_new_tokens; return which rows are done."""
     done = []
     for row, chunk in zip(ids, chunks):
@@ -247,6 +304,9 @@ def emit(ids, chunks, new_tokens, eos_ids, max_new_tokens, streamer, on_tokens) 
         new_tokens[row].extend(chunk)
         finished = len(new_tokens[row]) >= max_new_tokens or (bool(chunk) and chunk[-1] in eos_ids)
         done.append(finished)
+        proposer.extend_row(row, chunk)
+        if finished:
+            proposer.finish_row(row)
         if streamer is not None and chunk:
             streamer.put(torch.tensor(chunk))
         if on_tokens is not None and chunk:

@@ -12,7 +12,8 @@ class RoundStats:
     """One draft -> verify round over the rows that were still active.
 
     rows: original batch indices of the active rows; accept_lengths: drafts accepted per row (the
-    bonus token not counted); verify_lens: tokens verified per row (anchor + drafts).
+    bonus token not counted); verify_lens: tokens verified per row (anchor + drafts); sources: where
+    each row's drafts came from ("drafter", "suffix", "global", or "none" for a plain step).
     """
 
     rows: list[int]
@@ -20,6 +21,7 @@ class RoundStats:
     verify_lens: list[int]
     draft_time: float
     verify_time: float
+    sources: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -28,6 +30,18 @@ class SpeculativeStats:
 
     rounds: list[RoundStats] = field(default_factory=list)
     prefill_time: float = 0.0
+
+    def add_round(self, round_stats: RoundStats) -> None:
+        self.rounds.append(round_stats)
+
+    def source_counts(self) -> dict[str, tuple[int, int]]:
+        """{source: (row-rounds that used it, drafts accepted from it)}: pool these across runs."""
+        counts: dict[str, tuple[int, int]] = {}
+        for r in self.rounds:
+            for source, accepted in zip(r.sources, r.accept_lengths):
+                n, a = counts.get(source, (0, 0))
+                counts[source] = (n + 1, a + accepted)
+        return counts
 
     @property
     def num_rounds(self) -> int:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -130,6 +132,35 @@ def _cache_key(prompts: list[str], max_new_tokens: int, max_prompt_tokens: int, 
     return digest.hexdigest()[:16]
 
 
+def _write_shard(path: Path, records: list[tuple[list[int], int]]) -> None:
+    """Atomically write ``(ids, start)`` records as one safetensors file of flat int32 ids."""
+    flat = [t for ids, _ in records for t in ids]
+    tensors = {
+        "ids": torch.tensor(flat, dtype=torch.int32),
+        "lengths": torch.tensor([len(ids) for ids, _ in records], dtype=torch.int64),
+        "starts": torch.tensor([start for _, start in records], dtype=torch.int64),
+    }
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+
+
+def _read_shard(path: Path) -> list[TrainingSequence]:
+    tensors = load_file(str(path))
+    pieces = torch.split(tensors["ids"].long(), tensors["lengths"].tolist())
+    return [TrainingSequence(ids, int(start)) for ids, start in zip(pieces, tensors["starts"].tolist())]
+
+
+def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, ids in enumerate(rows):
+        input_ids[r, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[r, width - len(ids) :] = 1
+    return input_ids, attention_mask
+
+
 @torch.no_grad()
 def generate_responses(
     target: PreTrainedModel,
@@ -141,56 +172,123 @@ def generate_responses(
     max_prompt_tokens: int = 512,
     shard_size: int = 64,
     target_name: str = "",
+    drafter=None,
+    max_minutes: float | None = None,
+    cached_only: bool = False,
 ) -> list[TrainingSequence]:
     """Greedy responses of ``target`` to chat-formatted ``prompts``, cached as shards under ``cache_dir``.
 
     Prompts longer than ``max_prompt_tokens`` are skipped. Each shard (``shard_size`` prompts) is
-    written atomically once generated; a rerun loads finished shards and generates only the rest. A
-    sequence is ``prompt + response`` up to and including the first EOS, with ``start`` = prompt length.
+    written atomically once generated (``shard_NNNNN.safetensors``: flat int32 token ids, lengths and
+    starts), and ``meta.json`` records what produced them; a rerun loads finished shards and generates
+    only the rest. A sequence is ``prompt + response`` up to and including the first EOS, with
+    ``start`` = prompt length. With ``drafter``, generation runs through adaflash-hf's batched
+    speculative engine (the target's own greedy tokens, faster). ``max_minutes`` stops generating
+    after the shard that crosses the budget; ``cached_only`` generates nothing. Either returns what is
+    cached so far (a later call resumes).
     """
+    from .. import __version__
+
     cache_dir = Path(cache_dir) / _cache_key(prompts, max_new_tokens, max_prompt_tokens, target_name)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / "meta.json").write_text(json.dumps(
-        {"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "target": target_name}, indent=1
-    ))
+    meta_path = cache_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta.update({"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+                 "target": target_name, "decoding": "greedy", "shard_size": shard_size})
+    meta.setdefault("shards", {})
     encoded = [chat_prompt_ids(tokenizer, p) for p in prompts]
     eos_ids = set(torch.tensor(target.generation_config.eos_token_id).flatten().tolist())
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     sequences: list[TrainingSequence] = []
     num_shards = (len(prompts) + shard_size - 1) // shard_size
+    start_time = time.perf_counter()
     bar = tqdm(total=len(prompts), desc="self-distillation", unit="prompt")
     for shard in range(num_shards):
-        path = cache_dir / f"shard_{shard:05d}.pt"
+        path = cache_dir / f"shard_{shard:05d}.safetensors"
         indices = range(shard * shard_size, min((shard + 1) * shard_size, len(prompts)))
         if path.exists():
-            sequences.extend(TrainingSequence(ids, start) for ids, start in torch.load(path))
+            sequences.extend(_read_shard(path))
             bar.update(len(indices))
             continue
+        out_of_time = max_minutes is not None and (time.perf_counter() - start_time) / 60 >= max_minutes
+        if cached_only or out_of_time:
+            continue
+        shard_start = time.perf_counter()
         kept = sorted((i for i in indices if len(encoded[i]) <= max_prompt_tokens), key=lambda i: len(encoded[i]))
-        records: list[tuple[torch.Tensor, int]] = []
+        records: list[tuple[list[int], int]] = []
         for lo in range(0, len(kept), batch_size):
             rows = [encoded[i] for i in kept[lo : lo + batch_size]]
-            width = max(len(r) for r in rows)
-            input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
-            for r, ids in enumerate(rows):  # left padding
-                input_ids[r, width - len(ids) :] = torch.tensor(ids)
-                attention_mask[r, width - len(ids) :] = 1
-            out = target.generate(
-                input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
-                do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-            ).cpu()
+            input_ids, attention_mask = _left_pad(rows, pad_id)
+            input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
+            if drafter is None:
+                out = target.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
+                                      max_new_tokens=max_new_tokens, pad_token_id=pad_id).cpu()
+            else:
+                from ..decoding.engine import generate
+
+                out = generate(target, drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                               do_sample=False, pad_token_id=pad_id).sequences.cpu()
             for r, ids in enumerate(rows):
-                response = out[r, width:].tolist()
+                response = out[r, input_ids.shape[1] :].tolist()
                 end = next((j + 1 for j, t in enumerate(response) if t in eos_ids), len(response))
-                records.append((torch.tensor(ids + response[:end], dtype=torch.long), len(ids)))
+                records.append((ids + response[:end], len(ids)))
             bar.update(len(rows))
         bar.update(len(indices) - len(kept))
-        tmp = path.with_suffix(".tmp")
-        torch.save(records, tmp)
-        tmp.replace(path)
-        sequences.extend(TrainingSequence(ids, start) for ids, start in records)
+        _write_shard(path, records)
+        meta["shards"][path.name] = {
+            "prompts": len(records), "response_tokens": sum(len(ids) - s for ids, s in records),
+            "seconds": round(time.perf_counter() - shard_start, 1), "engine": "adaflash" if drafter is not None else "generate",
+            "dtype": str(target.dtype), "adaflash_hf": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        meta_path.write_text(json.dumps(meta, indent=1))
+        sequences.extend(TrainingSequence(torch.tensor(ids), s) for ids, s in records)
     bar.close()
-    logger.info("self-distillation: %d sequences, %d response tokens",
-                len(sequences), sum(len(s) - s.start for s in sequences))
+    meta_path.write_text(json.dumps(meta, indent=1))
+    logger.info("self-distillation: %d sequences, %d response tokens (%d of %d shards cached)",
+                len(sequences), sum(len(s) - s.start for s in sequences), len(meta["shards"]), num_shards)
     return sequences
+
+
+@dataclass
+class GenerateDataConfig:
+    """``adaflash generate-data``: the target's own greedy responses to training prompts, cached for training."""
+
+    data_dir: str = field(metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
+    target_dtype: str = field(default="bf16", metadata={"help": "dtype of the target: bf16 or fp32."})
+    drafter: str = field(default="none", metadata={"help": "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens."})
+    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."})
+    prompts_per_domain: int = field(default=10_000, metadata={"help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value finds the same cache)."})
+    seed: int = field(default=0, metadata={"help": "Shuffle seed of the prompts (train-drafter's --seed)."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Response length (train-drafter's --gen-max-new-tokens)."})
+    batch_size: int = field(default=16, metadata={"help": "Prompts decoded together."})
+    max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_domain", "max_new_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
+        if self.target_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"target_dtype must be 'bf16' or 'fp32', got {self.target_dtype!r}.")
+
+
+def generate_data(config: GenerateDataConfig) -> int:
+    """Run :func:`generate_responses` over the training prompts train-drafter would use; resumable."""
+    from ..data import load_prompts
+    from ..drafters import load_drafter
+    from ..targets import load_target
+
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    target, tokenizer = load_target(config.target, dtype=torch.bfloat16 if config.target_dtype == "bf16" else torch.float32)
+    drafter = None if config.drafter == "none" else load_drafter(config.drafter, target, target_name=config.target)
+    prompts = load_prompts(config.train_domains, split="train", limit_per_domain=config.prompts_per_domain, seed=config.seed)
+    sequences = generate_responses(target, tokenizer, list(prompts["prompt"]), Path(config.data_dir) / "train",
+                                   max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, target_name=config.target,
+                                   drafter=drafter, max_minutes=config.max_minutes)
+    print(f"{len(sequences)} sequences, {sum(len(s) - s.start for s in sequences)} response tokens cached "
+          f"(of {len(prompts)} prompts) in {config.data_dir}/train")
+    return 0

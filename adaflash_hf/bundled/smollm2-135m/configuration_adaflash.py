@@ -50,6 +50,9 @@ class AdaFlashDrafterConfig(PretrainedConfig):
         mask_token_id (`int`): Vocabulary row whose embedding fills the masked block positions.
         target_layer_ids (`list[int]`): 0-based target layers whose outputs form the context.
         num_target_layers (`int`): Number of layers of the target this drafter was built for.
+        draft_vocab_size (`int`, *optional*): Size of the reduced draft vocabulary (FR-Spec, EAGLE-3):
+            the drafter proposes only these target token ids, stored as the `draft_vocab` weight.
+            `None` (DFlash checkpoints): the whole vocabulary.
     """
 
     model_type = "adaflash_drafter"
@@ -76,6 +79,7 @@ class AdaFlashDrafterConfig(PretrainedConfig):
         mask_token_id: int | None = None,
         target_layer_ids: list[int] | None = None,
         num_target_layers: int | None = None,
+        draft_vocab_size: int | None = None,
         dflash_config: dict | None = None,
         **kwargs,
     ):
@@ -111,6 +115,7 @@ class AdaFlashDrafterConfig(PretrainedConfig):
         self.block_size = block_size
         self.mask_token_id = vocab_size - 1 if mask_token_id is None else mask_token_id
         self.num_target_layers = num_target_layers
+        self.draft_vocab_size = draft_vocab_size
         self.target_layer_ids = list(
             target_layer_ids
             if target_layer_ids is not None
@@ -131,6 +136,11 @@ class AdaFlashDrafterConfig(PretrainedConfig):
             raise ValueError(
                 f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size}). "
                 "Pick an unused or reserved row of the target's embedding matrix."
+            )
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}], or None "
+                "for the whole vocabulary."
             )
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty: the drafter needs at least one target layer as context.")

@@ -222,7 +222,29 @@ class AdaFlashDrafter(AdaFlashPreTrainedModel):
         self.fc = nn.Linear(len(config.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = AdaFlashRMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = AdaFlashRotaryEmbedding(config)
+        # The reduced draft vocabulary (target token ids), saved with the weights; None: all of it.
+        self.draft_vocab: torch.Tensor | None = None
+        if config.draft_vocab_size is not None:
+            self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
         self.post_init()
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | list[int] | None) -> None:
+        """Restrict drafting to ``token_ids`` (distinct target ids, e.g. the most frequent outputs); None: all."""
+        if token_ids is None:
+            if "draft_vocab" in self._buffers:
+                del self._buffers["draft_vocab"]
+            self.draft_vocab = None
+            self.config.draft_vocab_size = None
+            return
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        if ids.numel() == 0 or ids.unique().numel() != ids.numel():
+            raise ValueError("the draft vocabulary must be a non-empty list of distinct token ids.")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary ids must lie in [0, vocab_size={self.config.vocab_size}).")
+        if "draft_vocab" not in self._buffers:
+            del self.draft_vocab
+        self.register_buffer("draft_vocab", ids.to(self.fc.weight.device), persistent=True)
+        self.config.draft_vocab_size = ids.numel()
 
     @classmethod
     def from_target(cls, target: PreTrainedModel, num_layers: int = 1, block_size: int = 16, **overrides) -> AdaFlashDrafter:

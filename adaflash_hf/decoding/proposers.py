@@ -1,0 +1,358 @@
+"""Where draft tokens come from, and the per-row choice between sources.
+
+Verification does not care where a candidate continuation came from, so each round every row
+takes the most promising of:
+- ``drafter``: the learned block-diffusion drafter's block (its logits over the draft vocabulary);
+- ``suffix``: the most frequent continuation of the row's own latest n-gram in its prompt and output
+  so far (SuffixDecoding / prompt lookup, with counts);
+- ``global``: the same over a bounded index of earlier requests of this process, so structure that
+  repeats across requests is reused;
+- nothing: a plain step, when no candidate is expected to pay for a longer verification.
+
+"Most promising" is measured, not assumed: :class:`AcceptanceEstimator` keeps bounded counters of how
+often a draft token was accepted given cheap features of the proposal (the n-gram length and counts
+behind a suffix token; the drafter's position and top-1 probability), and the expected accepted
+length of a candidate is the sum of the running products of those rates (DESIGN §2). How many
+tokens to verify is the verify-length policy's decision (:mod:`.policy`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from .policy import GoodputVerifyLength
+
+SOURCES = ("drafter", "suffix", "global")
+NONE = "none"
+
+
+@dataclass
+class DraftingConfig:
+    """Which draft sources the engine may use each round, and how far suffix matches reach."""
+
+    drafter: bool = field(default=True, metadata={"help": "Use the learned drafter's block (needs a drafter)."})
+    suffix: bool = field(default=True, metadata={"help": "Use continuations of the row's own prompt and output (suffix match)."})
+    global_index: bool = field(default=True, metadata={"help": "Use continuations from earlier requests of this process."})
+    max_ngram: int = field(default=4, metadata={"help": "Longest n-gram matched against the history (backs off to 1)."})
+    max_suffix_tokens: int = field(default=16, metadata={"help": "Longest continuation a suffix match proposes."})
+    global_max_tokens: int = field(default=262_144, metadata={"help": "Tokens the global index keeps (oldest requests are evicted first)."})
+
+    def __post_init__(self) -> None:
+        if self.max_ngram < 1 or self.max_suffix_tokens < 1 or self.global_max_tokens < 1:
+            raise ValueError(
+                f"max_ngram ({self.max_ngram}), max_suffix_tokens ({self.max_suffix_tokens}) and global_max_tokens "
+                f"({self.global_max_tokens}) must all be >= 1."
+            )
+        if not (self.drafter or self.suffix or self.global_index):
+            raise ValueError("DraftingConfig switches every source off; enable at least one of drafter, suffix, global_index.")
+
+    @classmethod
+    def only(cls, source: str) -> DraftingConfig:
+        """A config with one source switched on (``drafter``, ``suffix`` or ``global``)."""
+        if source not in SOURCES:
+            raise ValueError(f"unknown draft source {source!r}; choose from {', '.join(SOURCES)}.")
+        return cls(drafter=source == "drafter", suffix=source == "suffix", global_index=source == "global")
+
+
+class NGramIndex:
+    """Counts of the token that follows every n-gram (n = 1..max_n) of the token streams added.
+
+    ``propose`` walks the most frequent continuation of the longest matching n-gram (backing off to
+    shorter ones), SuffixDecoding-style. Each proposed token carries the feature ``(n, count, unanimous)``
+    that :class:`AcceptanceEstimator` learns acceptance rates for. With ``max_tokens``, the oldest
+    streams are evicted once more tokens than that are indexed.
+    """
+
+    def __init__(self, max_n: int = 4, max_tokens: int | None = None):
+        self.max_n = max_n
+        self.max_tokens = max_tokens
+        self.num_tokens = 0
+        self._next: dict[tuple[int, ...], dict[int, int]] = {}  # n-gram -> {next token: count}
+        self._streams: deque[list[int]] = deque()
+        self._tail: list[int] = []  # the newest stream's last max_n tokens: context of the next extend()
+
+    def start_stream(self, tokens: Sequence[int] = ()) -> None:
+        """Begin a new token stream (n-grams never span two streams)."""
+        self._tail = []
+        self._streams.append([])
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the newest stream, counting each after its preceding 1..max_n tokens."""
+        if not self._streams:
+            self._streams.append([])
+        stream, tail = self._streams[-1], self._tail
+        for token in tokens:
+            for n in range(1, min(self.max_n, len(tail)) + 1):
+                counts = self._next.setdefault(tuple(tail[-n:]), {})
+                counts[token] = counts.get(token, 0) + 1
+            tail.append(token)
+            if len(tail) > self.max_n:
+                del tail[0]
+        if self.max_tokens is not None:
+            stream.extend(tokens)
+        self.num_tokens += len(tokens)
+        while self.max_tokens is not None and self.num_tokens > self.max_tokens and len(self._streams) > 1:
+            self._evict(self._streams.popleft())
+
+    def _evict(self, stream: list[int]) -> None:
+        for i, token in enumerate(stream):
+            for n in range(1, min(self.max_n, i) + 1):
+                key = tuple(stream[i - n : i])
+                counts = self._next[key]
+                counts[token] -= 1
+                if not counts[token]:
+                    del counts[token]
+                    if not counts:
+                        del self._next[key]
+        self.num_tokens -= len(stream)
+
+    def propose(self, context: Sequence[int], max_len: int) -> tuple[list[int], list[tuple[int, int, bool]]]:
+        """The most frequent continuation of ``context`` (up to ``max_len`` tokens) and each token's feature."""
+        window = list(context[-self.max_n :])
+        tokens: list[int] = []
+        features: list[tuple[int, int, bool]] = []
+        while len(tokens) < max_len:
+            for n in range(min(self.max_n, len(window)), 0, -1):
+                counts = self._next.get(tuple(window[-n:]))
+                if counts:
+                    break
+            else:
+                break
+            token, count = max(counts.items(), key=lambda kv: kv[1])
+            tokens.append(token)
+            features.append((n, min(count, 3), count == sum(counts.values())))
+            window.append(token)
+            del window[0]
+        return tokens, features
+
+
+class AcceptanceEstimator:
+    """P(draft token accepted | it was verified and every earlier draft was accepted), per feature.
+
+    Bounded counters per ``(source, feature)`` with a prior of ``prior_weight`` pseudo-observations;
+    counts are halved once a key has seen ``max_count`` drafts, so estimates track a drafter that
+    changes (online adaptation) and memory stays flat in a long-running server.
+    """
+
+    PRIORS = {"drafter": 0.3, "suffix": 0.5, "global": 0.4}
+
+    def __init__(self, prior_weight: float = 4.0, max_count: float = 4096.0):
+        self.prior_weight, self.max_count = prior_weight, max_count
+        self.hits: dict[tuple, float] = {}
+        self.seen: dict[tuple, float] = {}
+
+    def rate(self, source: str, feature: tuple) -> float:
+        key = (source, feature)
+        return (self.hits.get(key, 0.0) + self.prior_weight * self.PRIORS[source]) / (self.seen.get(key, 0.0) + self.prior_weight)
+
+    def update(self, source: str, features: Sequence[tuple], num_verified: int, num_accepted: int) -> None:
+        """Record one verified proposal: drafts 1..num_verified were checked, the first num_accepted passed."""
+        for k, feature in enumerate(features[: min(num_verified, num_accepted + 1)]):
+            key = (source, feature)
+            seen = self.seen.get(key, 0.0) + 1.0
+            hits = self.hits.get(key, 0.0) + (k < num_accepted)
+            if seen > self.max_count:
+                seen, hits = seen / 2, hits / 2
+            self.seen[key], self.hits[key] = seen, hits
+
+
+def expected_accepted(rates: Sequence[float]) -> float:
+    """E[accepted drafts] of a candidate with conditional acceptance rates a_1..a_m: sum_k prod_{j<=k} a_j."""
+    total, survive = 0.0, 1.0
+    for a in rates:
+        survive *= a
+        total += survive
+    return total
+
+
+class DraftHead:
+    """The target's lm_head restricted to the drafter's draft vocabulary (all rows when it has none).
+
+    FR-Spec / EAGLE-3: most of the output mass sits on a small share of the vocabulary, and the lm_head
+    is the drafter's main cost. Verification always uses the full vocabulary, so this stays lossless.
+    The sliced weight is copied once per generation call.
+    """
+
+    def __init__(self, lm_head: torch.nn.Module, vocab: torch.Tensor | None):
+        self.vocab = vocab
+        self.weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
+        self.bias = None if getattr(lm_head, "bias", None) is None else (
+            lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
+
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., V_draft) logits over the draft vocabulary."""
+        return F.linear(hidden_states, self.weight, self.bias)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.vocab is None else self.vocab.to(draft_ids.device)[draft_ids]
+
+    def to_target_probs(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """(..., V_draft) probabilities -> (..., vocab_size), zero outside the draft vocabulary."""
+        if self.vocab is None:
+            return probs
+        full = probs.new_zeros(*probs.shape[:-1], vocab_size)
+        return full.index_copy_(-1, self.vocab.to(probs.device), probs)
+
+
+def drafter_feature(position: int, top_prob: float) -> tuple[int, int]:
+    """Feature of a drafter token: its block position and its top-1 probability in fifths."""
+    return position, min(int(top_prob * 5), 4)
+
+
+@dataclass
+class Proposal:
+    """The chosen candidate of every row for one round.
+
+    tokens (b, m) long, padded with 0 past each row's ``lengths``; rates (b, m) the estimated
+    conditional acceptance of each token (0 past the end); sources the source per row ("none" when a
+    row has no candidate); features per row, for the estimator's update after verification.
+    """
+
+    tokens: torch.Tensor
+    rates: torch.Tensor
+    lengths: torch.Tensor
+    sources: list[str]
+    features: list[list[tuple]]
+
+
+class DraftingState:
+    """What drafting learns across requests of one process: acceptance rates and the global index.
+
+    Pass one instance to several ``generate`` calls (the default is one per target model, see
+    :func:`drafting_state`); use separate instances to keep runs independent (e.g. in a benchmark).
+    """
+
+    def __init__(self, config: DraftingConfig | None = None):
+        self.config = config or DraftingConfig()
+        self.estimator = AcceptanceEstimator()
+        self.global_index = NGramIndex(self.config.max_ngram, max_tokens=self.config.global_max_tokens)
+        self.policy = GoodputVerifyLength()  # its cost model learns this machine's verify cost
+        self.drafter_value = 1.0  # moving average of drafts a drafter block got accepted (optimistic start)
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Add a finished request (prompt and output) to the global index."""
+        if self.config.global_index:
+            self.global_index.start_stream(tokens)
+
+
+_DEFAULT_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def default_drafting_state(target: torch.nn.Module) -> DraftingState:
+    """The :class:`DraftingState` that generation calls on ``target`` share unless given their own."""
+    if target not in _DEFAULT_STATES:
+        _DEFAULT_STATES[target] = DraftingState()
+    return _DEFAULT_STATES[target]
+
+
+class HybridProposer:
+    """Builds each round's :class:`Proposal` from the drafter block and the suffix indices of the rows."""
+
+    def __init__(self, state: DraftingState, config: DraftingConfig, max_len: int):
+        self.state, self.config, self.max_len = state, config, max_len
+        self.rows: dict[int, NGramIndex] = {}  # per-request suffix index over prompt + output
+        self.history: dict[int, list[int]] = {}
+        self._options: dict[int, list[tuple[str, list[int], list[tuple]]]] = {}  # this round's candidates per row
+        self.drafter_ran = False  # whether this round's proposal ran the drafter
+
+    def add_row(self, row: int, tokens: Sequence[int]) -> None:
+        self.history[row] = list(tokens)
+        if self.config.suffix:
+            index = NGramIndex(self.config.max_ngram)
+            index.start_stream(tokens)
+            self.rows[row] = index
+
+    def extend_row(self, row: int, tokens: Sequence[int]) -> None:
+        self.history[row].extend(tokens)
+        if self.config.suffix:
+            self.rows[row].extend(tokens)
+
+    def finish_row(self, row: int) -> None:
+        self.state.remember(self.history.pop(row))
+        self.rows.pop(row, None)
+
+    def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None) -> Proposal:
+        """Choose, per row, the candidate with the most expected accepted drafts.
+
+        ``run_drafter()`` drafts a block for every row and returns its target ids (b, B-1) and top-1
+        probabilities (b, B-1); None without a drafter. It is called only when the drafter can still
+        win a row: when every row already holds a suffix candidate worth more than the drafter has
+        recently been getting accepted, the round skips the drafter's cost (its context waits).
+        """
+        estimator = self.state.estimator
+        options_per_row = []
+        for row in row_ids:
+            options = []
+            history = self.history[row]
+            if self.config.suffix:
+                options.append(("suffix", *self.rows[row].propose(history, self.config.max_suffix_tokens)))
+            if self.config.global_index and self.state.global_index.num_tokens:
+                options.append(("global", *self.state.global_index.propose(history, self.config.max_suffix_tokens)))
+            options_per_row.append(options)
+        self.drafter_ran = False
+        if run_drafter is not None:
+            best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
+            if min(best_other) < self.state.drafter_value:
+                self.drafter_ran = True
+                block_tokens, block_probs = (t.tolist() for t in run_drafter())
+                for i, options in enumerate(options_per_row):
+                    features = [drafter_feature(k, p) for k, p in enumerate(block_probs[i])]
+                    options.insert(0, ("drafter", block_tokens[i], features))
+        chosen: list[tuple[str, list[int], list[tuple], list[float]]] = []
+        self._options = {}
+        for row, options in zip(row_ids, options_per_row):
+            best, best_value = (NONE, [], [], []), 0.0
+            for option in options:
+                value, rates = self._value(option)
+                if value > best_value:
+                    source, tokens, features = option
+                    best, best_value = (source, tokens[: self.max_len], features[: self.max_len], rates), value
+            chosen.append(best)
+            self._options[row] = options
+        width = max((len(c[1]) for c in chosen), default=0)
+        tokens = torch.zeros(len(row_ids), width, dtype=torch.long)
+        rates = torch.zeros(len(row_ids), width)
+        for i, (_, toks, _, row_rates) in enumerate(chosen):
+            tokens[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            rates[i, : len(row_rates)] = torch.tensor(row_rates)
+        lengths = torch.tensor([len(c[1]) for c in chosen], dtype=torch.long)
+        return Proposal(tokens, rates, lengths, [c[0] for c in chosen], [c[2] for c in chosen])
+
+    def _value(self, option: tuple[str, list[int], list[tuple]]) -> tuple[float, list[float]]:
+        source, _, features = option
+        rates = [self.state.estimator.rate(source, f) for f in features[: self.max_len]]
+        return expected_accepted(rates), rates
+
+    def record(self, row_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> None:
+        """Teach the estimator from what the target produced, for every candidate of the round.
+
+        ``chunks[i]`` are the tokens row i gained (accepted drafts plus the target's own token), i.e.
+        the target's continuation. A candidate token would have been accepted exactly when it equals
+        that continuation, so the candidates that were not chosen are scored too (counterfactually):
+        every source keeps learning even while another one wins.
+        """
+        for row, chunk in zip(row_ids, chunks):
+            for source, tokens, features in self._options.get(row, ()):
+                agree = 0
+                while agree < min(len(tokens), len(chunk)) and tokens[agree] == chunk[agree]:
+                    agree += 1
+                self.state.estimator.update(source, features, min(len(tokens), len(chunk)), agree)
+                if source == "drafter":
+                    self.state.drafter_value += 0.05 * (agree - self.state.drafter_value)
+
+
+def top_probs_and_tokens(head: DraftHead, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drafter hidden states (b, g, H) -> (target ids (b, g), top-1 probabilities (b, g), draft-vocab logits (b, g, V_d))."""
+    logits = head.logits(hidden_states)
+    top_logit, top_index = logits.max(-1)
+    top_prob = torch.exp(top_logit.float() - torch.logsumexp(logits.float(), dim=-1))
+    return head.to_target_ids(top_index), top_prob, logits
+

@@ -1,0 +1,110 @@
+"""The reduced draft vocabulary: the target's most frequent output tokens (FR-Spec, EAGLE-3).
+
+The drafter's logits are computed over these token ids only, which cuts the lm_head, its main
+cost at inference and in training. Verification stays over the full vocabulary, so decoding stays
+lossless; a token outside the draft vocabulary simply can never be drafted. The size is chosen from
+measured coverage: the share of the target's own held-out output tokens that fall inside.
+
+``adaflash draft-vocab`` counts response tokens of cached self-generated data, prints coverage for
+a range of sizes on the held-out responses, and writes a drafter folder that carries the chosen list.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .data import TrainingSequence, _read_shard
+
+
+def response_token_counts(sequences: Iterable[TrainingSequence]) -> Counter:
+    """How often each token id occurs in the responses (positions >= start) of ``sequences``."""
+    counts: Counter = Counter()
+    for seq in sequences:
+        counts.update(seq.input_ids[seq.start :].tolist())
+    return counts
+
+
+def most_frequent(counts: Counter, size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ``size`` most frequent ids (ties by id), always including ``always`` (e.g. EOS); sorted by id."""
+    keep = list(dict.fromkeys(int(t) for t in always))
+    for token, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(keep) >= size:
+            break
+        if token not in keep:
+            keep.append(token)
+    return torch.tensor(sorted(keep[:size]), dtype=torch.long)
+
+
+def coverage(vocab: torch.Tensor, counts: Counter) -> float:
+    """Share of the tokens counted in ``counts`` whose id is in ``vocab``."""
+    total = sum(counts.values())
+    inside = set(vocab.tolist())
+    return sum(c for t, c in counts.items() if t in inside) / total if total else 0.0
+
+
+def read_cached_sequences(data_dir: str | Path) -> list[TrainingSequence]:
+    """Every sequence in the shard caches under ``data_dir`` (any prompt set, any target run)."""
+    return [s for path in sorted(Path(data_dir).rglob("shard_*.safetensors")) for s in _read_shard(path)]
+
+
+@dataclass
+class DraftVocabConfig:
+    """``adaflash draft-vocab``: choose a draft vocabulary from the target's own outputs and attach it to a drafter."""
+
+    drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
+    output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
+    data_dir: str = field(metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target preset or path (for 'auto' and the special tokens)."})
+    size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
+    min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"size must be >= 1 or unset, got {self.size}.")
+        if not 0 < self.min_coverage <= 1:
+            raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
+
+
+SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
+
+
+def run_draft_vocab(config: DraftVocabConfig) -> int:
+    from ..drafters import load_drafter
+    from ..targets import load_target
+
+    train = read_cached_sequences(Path(config.data_dir) / "train")
+    if not train:
+        raise SystemExit(f"error: no cached responses under {config.data_dir}/train; run `adaflash generate-data --data-dir {config.data_dir}` first.")
+    held_out = read_cached_sequences(Path(config.data_dir) / "eval")
+    if not held_out:  # no eval cache: hold out every tenth training response
+        train, held_out = [s for i, s in enumerate(train) if i % 10], train[::10]
+    counts, eval_counts = response_token_counts(train), response_token_counts(held_out)
+    target, tokenizer = load_target(config.target, dtype="bf16")
+    drafter = load_drafter(config.drafter, target, target_name=config.target)
+    vocab_size = drafter.config.vocab_size
+    always = [t for t in torch.tensor(target.generation_config.eos_token_id).flatten().tolist()]
+    table = []
+    for size in [s for s in SIZES if s < vocab_size] + [vocab_size]:
+        table.append({"size": size, "heldout_coverage": round(coverage(most_frequent(counts, size, always), eval_counts), 5)})
+    print(f"{sum(counts.values())} training response tokens ({len(counts)} distinct), {sum(eval_counts.values())} held-out")
+    print(f"{'size':>7} {'held-out coverage':>18}")
+    for row in table:
+        print(f"{row['size']:>7} {row['heldout_coverage']:>18.4f}")
+    size = config.size or next(r["size"] for r in table if r["heldout_coverage"] >= config.min_coverage or r["size"] == vocab_size)
+    drafter.set_draft_vocab(most_frequent(counts, size, always))
+    out = Path(config.output_dir)
+    drafter.save_pretrained(out)
+    (out / "draft_vocab.json").write_text(json.dumps({
+        "size": size, "heldout_coverage": next((r["heldout_coverage"] for r in table if r["size"] == size),
+                                                round(coverage(drafter.draft_vocab.cpu(), eval_counts), 5)),
+        "train_response_tokens": sum(counts.values()), "heldout_response_tokens": sum(eval_counts.values()),
+        "coverage_table": table, "data_dir": str(config.data_dir),
+    }, indent=1) + "\n")
+    print(f"wrote {out} with a draft vocabulary of {size} tokens")
+    return 0
