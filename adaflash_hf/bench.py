@@ -128,7 +128,15 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 
 def run_bench(args: BenchArgs) -> int:
-    from . import DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, enable_adaflash, generate, load_target
+    from . import (
+        DraftingConfig,
+        DraftingState,
+        FixedVerifyLength,
+        GoodputVerifyLength,
+        enable_adaflash,
+        generate,
+        load_target,
+    )
     from .cli import encode_prompt
     from .drafters import load_drafter
 

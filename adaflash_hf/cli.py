@@ -28,8 +28,8 @@ class GenerateArgs:
     target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
     max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 with AMX or CUDA, else fp32), bf16 or fp32."})
-    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: the drafter's whole block."})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA or where this CPU's bf16 matmuls measure faster than fp32, else fp32), bf16 or fp32."})
+    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most expected tokens per second."})
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
     seed: int = field(default=0, metadata={"help": "Seed for sampling."})
     compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
@@ -103,9 +103,13 @@ def run_generate(args: GenerateArgs) -> int:
     input_ids = encode_prompt(tokenizer, args.prompt, args.raw).to(target.device)
     sampling = dict(do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_k=None, top_p=None)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    if args.compare_plain:  # warm both paths up on another prompt: first calls pay one-off costs
+        warm = encode_prompt(tokenizer, "Hi!", raw=False).to(target.device)
+        generate(target, drafter, warm, max_new_tokens=8, **sampling)
+        target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, pad_token_id=tokenizer.pad_token_id, **sampling)
     start = time.perf_counter()
     out = generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                   verify_policy=FixedVerifyLength(args.verify_len),
+                   verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None,
                    tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
     seconds = time.perf_counter() - start
     n = out.num_new_tokens[0]

@@ -22,7 +22,7 @@ from ._compat import check_transformers_version
 from .checks import check_pair, is_adaflash_drafter
 from .decoding.engine import context_features, draft_block
 from .decoding.outputs import RoundStats, SpeculativeStats
-from .decoding.policy import VerifyLengthPolicy
+from .decoding.policy import GoodputVerifyLength, VerifyLengthPolicy
 from .decoding.proposers import (
     NONE,
     DraftHead,
@@ -70,6 +70,9 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self.block_size = drafter.config.block_size if self.use_drafter else 1
         self.max_length = generation_config.max_length
         self.policy = verify_policy or state.policy
+        if isinstance(self.policy, GoodputVerifyLength) and self.policy.cost_model is None:
+            self.policy.cost_model = state.cost_model
+        self.state = state
         max_drafts = max(self.block_size - 1, self.drafting.max_suffix_tokens if (self.drafting.suffix or self.drafting.global_index) else 0)
         self.proposer = HybridProposer(state, self.drafting, max_drafts)
         # Ask the target for just the context layers, unless the user wants every hidden state returned
@@ -83,7 +86,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._cached_len = 0  # target tokens whose features are in the drafter cache
         self._waiting: list[torch.Tensor] = []  # features of later tokens, not yet read by the drafter
         self._known = 0  # tokens of the sequence already in the proposer's history
-        self._pending: tuple[int, str, float, float] | None = None  # (drafts, source, draft_time, verify_start) of the open round
+        self._pending: tuple | None = None  # (drafts, source, draft_time, verify_start, drafter_ran) of the open round
 
     @torch.inference_mode()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs):
@@ -119,10 +122,10 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden)[0]) if proposal.tokens.shape[1] else 1
         num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
         if num_drafts <= 0:
-            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter())
+            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), self.proposer.drafter_ran)
             return input_ids, None
         draft_tokens = proposal.tokens[:, :num_drafts].to(input_ids.device)  # (1, g)
-        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter())
+        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(), self.proposer.drafter_ran)
         # Deterministic drafts are exact one-hot proposals: returning no logits makes transformers verify
         # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
@@ -134,11 +137,12 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._known = input_ids.shape[1]
         if self._pending is None:
             return
-        num_drafts, source, draft_time, verify_start = self._pending
+        num_drafts, source, draft_time, verify_start, drafter_ran = self._pending
         verify_time = time.perf_counter() - verify_start
         num_matches = min(int(num_matches), num_drafts)
         self.stats.add_round(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time, [source]))
         self.policy.update(torch.tensor([num_matches]), torch.tensor([num_drafts + 1]), verify_time)
+        self.state.observe_round(num_drafts + 1, verify_time, draft_time if drafter_ran else None)
         self._pending = None
 
     def finish(self) -> None:

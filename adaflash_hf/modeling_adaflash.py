@@ -223,9 +223,10 @@ class AdaFlashDrafter(AdaFlashPreTrainedModel):
         self.hidden_norm = AdaFlashRMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = AdaFlashRotaryEmbedding(config)
         # The reduced draft vocabulary (target token ids), saved with the weights; None: all of it.
-        self.draft_vocab: torch.Tensor | None = None
         if config.draft_vocab_size is not None:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size), persistent=True)
+        else:
+            self.draft_vocab: torch.Tensor | None = None
         self.post_init()
 
     def set_draft_vocab(self, token_ids: torch.Tensor | list[int] | None) -> None:

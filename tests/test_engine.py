@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, generate
+from adaflash_hf import DraftingConfig, FixedVerifyLength, generate
 
-from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
+from conftest import EOS, OracleDrafter, drafter_only, greedy_reference, left_pad, random_prompts
 
 LENGTHS = (3, 9, 5, 12, 7)
 DRAFTER_ONLY = dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength())  # the block, whole
@@ -115,11 +115,10 @@ def test_stats_are_consistent(target, drafter):
 def test_sampling_runs_and_is_reproducible(target, drafter):
     ids, mask = left_pad(random_prompts((4, 7)))
     kwargs = dict(max_new_tokens=10, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, eos_token_id=None)
-    # reproducible given the seed, a fixed verify length and a fresh drafting state (the default state
-    # and the goodput policy learn from earlier calls and from timings)
-    kwargs["verify_policy"] = FixedVerifyLength()
-    a = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), drafting_state=DraftingState(), **kwargs)
-    b = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), drafting_state=DraftingState(), **kwargs)
+    # reproducible given the seed and deterministic draft choices: one source, a fixed verify length and
+    # a fresh state (the default state and the goodput choices learn from earlier calls and timings)
+    a = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), **drafter_only(), **kwargs)
+    b = generate(target, drafter, ids, mask, generator=torch.Generator().manual_seed(0), **drafter_only(), **kwargs)
     assert torch.equal(a.sequences, b.sequences)
     c = generate(target, drafter, ids, mask, draft_sampling=True, generator=torch.Generator().manual_seed(0), **kwargs)
     assert c.sequences.shape[0] == 2

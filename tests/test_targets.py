@@ -37,12 +37,17 @@ def test_resolve_dtype_rejects_others_naming_allowed(bad):
         resolve_dtype(bad, CPU)
 
 
-def test_resolve_dtype_auto_follows_device_and_amx(monkeypatch):
+def test_resolve_dtype_auto_follows_device_and_measured_bf16_speed(monkeypatch):
     assert resolve_dtype(None, torch.device("cuda")) is torch.bfloat16
-    monkeypatch.setattr(targets, "_cpu_has_amx", lambda: True)
+    monkeypatch.setattr(targets, "_cpu_bf16_is_faster", lambda: True)
     assert resolve_dtype(None, CPU) is torch.bfloat16
-    monkeypatch.setattr(targets, "_cpu_has_amx", lambda: False)
+    monkeypatch.setattr(targets, "_cpu_bf16_is_faster", lambda: False)
     assert resolve_dtype(None, CPU) is torch.float32
+
+
+def test_bf16_speed_probe_returns_a_measurement():
+    targets._cpu_bf16_is_faster.cache_clear()
+    assert isinstance(targets._cpu_bf16_is_faster(), bool)
 
 
 def test_unknown_name_lists_presets():

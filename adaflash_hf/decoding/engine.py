@@ -26,8 +26,16 @@ from ..checks import check_pair, check_prompt_batch, sampling_params_from
 from ..modeling_adaflash import AdaFlashDrafter
 from .cost import timer
 from .outputs import RoundStats, SpeculativeGenerateOutput, SpeculativeStats
-from .policy import VerifyLengthPolicy
-from .proposers import NONE, DraftHead, DraftingConfig, DraftingState, HybridProposer, default_drafting_state, top_probs_and_tokens
+from .policy import GoodputVerifyLength, VerifyLengthPolicy
+from .proposers import (
+    NONE,
+    DraftHead,
+    DraftingConfig,
+    DraftingState,
+    HybridProposer,
+    default_drafting_state,
+    top_probs_and_tokens,
+)
 from .sampling import greedy_accept, logits_to_probs, rejection_accept, sample
 
 logger = logging.getLogger(__name__)
@@ -148,6 +156,8 @@ def generate(
     eos_ids = set() if config.eos_token_id is None else set(torch.tensor(config.eos_token_id).flatten().tolist())
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
     policy = verify_policy or state.policy
+    if isinstance(policy, GoodputVerifyLength) and policy.cost_model is None:
+        policy.cost_model = state.cost_model
     block_size = drafter.config.block_size if use_drafter else 1
     layer_ids = drafter.config.target_layer_ids if use_drafter else []
     hidden_request = [i + 1 for i in layer_ids] if use_drafter else None
@@ -195,7 +205,7 @@ def generate(
         start = timer(device)
         drafted: dict[str, torch.Tensor] = {}
 
-        def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+        def run_drafter(drafted: dict = drafted) -> tuple[torch.Tensor, torch.Tensor]:
             drafted["hidden"] = draft_block(drafter, embed, rows.last_token, rows.pending_hidden, rows.pending_pos,
                                             rows.next_pos, rows.slot_mask, draft_cache)
             tokens, top_probs, drafted["logits"] = top_probs_and_tokens(head, drafted["hidden"][:, 1:])
@@ -253,6 +263,7 @@ def generate(
         # 5. Update policy, acceptance estimates, statistics and streams; retire finished rows.
         accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
         policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, verify_time)
+        state.observe_round(len(accepted_list) * (g + 1), verify_time, draft_time if proposer.drafter_ran else None)
         sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
         stats.add_round(RoundStats(list(rows.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources))
         accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1).tolist()

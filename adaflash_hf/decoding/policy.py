@@ -12,7 +12,7 @@ accepted, so it can adapt to the machine and the load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -51,13 +51,14 @@ class FixedVerifyLength:
 class GoodputVerifyLength:
     """Maximise expected tokens per second: sum over rows of (1 + E[accepted | g drafts]) / cost(b * (g + 1)).
 
-    E comes from the proposal's estimated acceptance rates; cost from :class:`VerifyCostModel`, measured
-    on this machine as rounds run. g = 0 (a plain step) wins when no draft is likely enough to pay for
-    a longer forward. The forward is rectangular, so one g serves the whole batch.
+    E comes from the proposal's estimated acceptance rates; cost from a :class:`VerifyCostModel`, measured
+    on this machine as rounds run (the engine binds the drafting state's model when none is given). g = 0
+    (a plain step) wins when no draft is likely enough to pay for a longer forward. The forward is
+    rectangular, so one g serves the whole batch.
     """
 
     max_verify_len: int | None = None
-    cost_model: VerifyCostModel = field(default_factory=VerifyCostModel)
+    cost_model: VerifyCostModel | None = None
 
     def verify_lens(self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None) -> torch.Tensor:
         b, m = rates.shape
@@ -65,9 +66,10 @@ class GoodputVerifyLength:
             m = min(m, self.max_verify_len - 1)
         expected = torch.cat([torch.zeros(b, 1), rates[:, :m].float().cumprod(-1).cumsum(-1)], dim=1)  # (b, m + 1): E[g]
         tokens = (1 + expected).sum(0)  # (m + 1,) expected tokens of the batch for g = 0..m
-        costs = torch.tensor([self.cost_model.cost(b * (g + 1)) for g in range(m + 1)])
+        cost_model = self.cost_model or VerifyCostModel()
+        costs = torch.tensor([cost_model.cost(b * (g + 1)) for g in range(m + 1)])
         g = int((tokens / costs).argmax())
         return torch.full((b,), g + 1, dtype=torch.long)
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
-        self.cost_model.update(int(verify_lens.max()) * len(verify_lens), verify_time)
+        pass  # the engine feeds the cost model

@@ -18,15 +18,15 @@ tokens to verify is the verify-length policy's decision (:mod:`.policy`).
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import weakref
-
 import torch
 import torch.nn.functional as F
 
+from .cost import VerifyCostModel
 from .policy import GoodputVerifyLength
 
 SOURCES = ("drafter", "suffix", "global")
@@ -189,7 +189,10 @@ class DraftHead:
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V_draft) logits over the draft vocabulary."""
-        return F.linear(hidden_states, self.weight, self.bias)
+        # As a 2-D (rows, H) matmul: a sliced 3-D input such as hidden[:, 1:] keeps a non-standard stride
+        # on its size-1 batch dim, which sends CPU bf16 matmuls down a path ~15x slower (measured).
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        return F.linear(flat, self.weight, self.bias).view(*hidden_states.shape[:-1], -1)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab is None else self.vocab.to(draft_ids.device)[draft_ids]
@@ -234,8 +237,38 @@ class DraftingState:
         self.config = config or DraftingConfig()
         self.estimator = AcceptanceEstimator()
         self.global_index = NGramIndex(self.config.max_ngram, max_tokens=self.config.global_max_tokens)
-        self.policy = GoodputVerifyLength()  # its cost model learns this machine's verify cost
-        self.drafter_value = 1.0  # moving average of drafts a drafter block got accepted (optimistic start)
+        self.cost_model = VerifyCostModel()  # seconds per target forward by new tokens, measured as rounds run
+        self.policy = GoodputVerifyLength(cost_model=self.cost_model)
+        self.drafter_value: float | None = None  # moving average of drafts a drafter block got accepted
+        self.drafter_seconds: float | None = None  # moving average of one drafter pass
+        self.rounds_since_drafter = 0
+
+    EXPLORE_EVERY = 8  # rounds after which the drafter runs even when it does not seem to pay
+
+    def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None) -> None:
+        """Feed one round's measured costs: the verification forward and, if it ran, the drafter."""
+        self.cost_model.update(num_tokens, verify_seconds)
+        if drafter_seconds is not None:
+            self.rounds_since_drafter = 0
+            old = self.drafter_seconds
+            self.drafter_seconds = drafter_seconds if old is None else 0.8 * old + 0.2 * drafter_seconds
+
+    def drafter_pays(self, best_other: Sequence[float], width: int) -> bool:
+        """Whether running the drafter this round is expected to pay for itself.
+
+        The drafter can add ``max(0, D - E_row)`` accepted tokens per row, where D is what its blocks
+        have recently been getting accepted and E_row the best other candidate; it pays when that
+        relative gain in tokens beats its relative cost against a verification forward of ``width``
+        tokens (both measured on this machine).
+        """
+        self.rounds_since_drafter += 1
+        if self.drafter_value is None or self.drafter_seconds is None or not self.cost_model.seconds:
+            return True  # nothing measured yet: try it
+        if self.rounds_since_drafter >= self.EXPLORE_EVERY:
+            return True  # keep its estimate fresh even while skipped (a drafter that adapts online improves)
+        gain = sum(max(0.0, self.drafter_value - e) for e in best_other)
+        tokens = sum(1 + e for e in best_other)
+        return gain / tokens > self.drafter_seconds / self.cost_model.cost(width)
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add a finished request (prompt and output) to the global index."""
@@ -283,11 +316,10 @@ class HybridProposer:
         """Choose, per row, the candidate with the most expected accepted drafts.
 
         ``run_drafter()`` drafts a block for every row and returns its target ids (b, B-1) and top-1
-        probabilities (b, B-1); None without a drafter. It is called only when the drafter can still
-        win a row: when every row already holds a suffix candidate worth more than the drafter has
-        recently been getting accepted, the round skips the drafter's cost (its context waits).
+        probabilities (b, B-1); None without a drafter. It is called only when the drafter's expected
+        extra accepted tokens pay for its measured cost (:meth:`DraftingState.drafter_pays`); otherwise
+        the round skips it and its context waits for the next round that runs it.
         """
-        estimator = self.state.estimator
         options_per_row = []
         for row in row_ids:
             options = []
@@ -300,7 +332,7 @@ class HybridProposer:
         self.drafter_ran = False
         if run_drafter is not None:
             best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
-            if min(best_other) < self.state.drafter_value:
+            if self.state.drafter_pays(best_other, len(row_ids) * (self.max_len + 1)):
                 self.drafter_ran = True
                 block_tokens, block_probs = (t.tolist() for t in run_drafter())
                 for i, options in enumerate(options_per_row):
@@ -346,7 +378,8 @@ class HybridProposer:
                     agree += 1
                 self.state.estimator.update(source, features, min(len(tokens), len(chunk)), agree)
                 if source == "drafter":
-                    self.state.drafter_value += 0.05 * (agree - self.state.drafter_value)
+                    old = self.state.drafter_value
+                    self.state.drafter_value = agree if old is None else old + 0.05 * (agree - old)
 
 
 def top_probs_and_tokens(head: DraftHead, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,15 +30,18 @@ def response_token_counts(sequences: Iterable[TrainingSequence]) -> Counter:
     return counts
 
 
-def most_frequent(counts: Counter, size: int, always: Iterable[int] = ()) -> torch.Tensor:
-    """The ``size`` most frequent ids (ties by id), always including ``always`` (e.g. EOS); sorted by id."""
-    keep = list(dict.fromkeys(int(t) for t in always))
+def most_frequent(counts: Counter, size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ``size`` most frequent ids (ties by id), always including ``always`` (e.g. EOS), then unseen ids
+    in id order if fewer than ``size`` were seen; sorted by id."""
+    keep = dict.fromkeys(int(t) for t in always)
     for token, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         if len(keep) >= size:
             break
-        if token not in keep:
-            keep.append(token)
-    return torch.tensor(sorted(keep[:size]), dtype=torch.long)
+        keep.setdefault(token)
+    unseen = (t for t in range(vocab_size) if t not in keep)
+    while len(keep) < size:
+        keep.setdefault(next(unseen))
+    return torch.tensor(sorted(list(keep)[:size]), dtype=torch.long)
 
 
 def coverage(vocab: torch.Tensor, counts: Counter) -> float:
@@ -91,13 +94,16 @@ def run_draft_vocab(config: DraftVocabConfig) -> int:
     always = [t for t in torch.tensor(target.generation_config.eos_token_id).flatten().tolist()]
     table = []
     for size in [s for s in SIZES if s < vocab_size] + [vocab_size]:
-        table.append({"size": size, "heldout_coverage": round(coverage(most_frequent(counts, size, always), eval_counts), 5)})
+        table.append({"size": size, "heldout_coverage": round(coverage(most_frequent(counts, size, vocab_size, always), eval_counts), 5)})
     print(f"{sum(counts.values())} training response tokens ({len(counts)} distinct), {sum(eval_counts.values())} held-out")
     print(f"{'size':>7} {'held-out coverage':>18}")
     for row in table:
         print(f"{row['size']:>7} {row['heldout_coverage']:>18.4f}")
     size = config.size or next(r["size"] for r in table if r["heldout_coverage"] >= config.min_coverage or r["size"] == vocab_size)
-    drafter.set_draft_vocab(most_frequent(counts, size, always))
+    if size >= vocab_size:
+        raise SystemExit(f"error: no draft vocabulary smaller than the whole ({vocab_size}) reaches held-out coverage "
+                         f"{config.min_coverage}; generate more data or pass --size / a lower --min-coverage.")
+    drafter.set_draft_vocab(most_frequent(counts, size, vocab_size, always))
     out = Path(config.output_dir)
     drafter.save_pretrained(out)
     (out / "draft_vocab.json").write_text(json.dumps({

@@ -1,0 +1,171 @@
+"""Draft sources and the choice between them: suffix index, acceptance estimates, goodput lengths, draft vocabulary.
+
+The end-to-end invariant is the same as everywhere: fp32 greedy output equals the target's own,
+whichever source drafted (and the sampling tests in test_sampling.py cover the distribution).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, generate
+from adaflash_hf.decoding.cost import VerifyCostModel
+from adaflash_hf.decoding.proposers import AcceptanceEstimator, DraftHead, NGramIndex, expected_accepted
+from adaflash_hf.dflash_format import save_dflash_checkpoint
+from adaflash_hf.training.data import TrainingSequence
+from adaflash_hf.training.vocab import coverage, most_frequent, response_token_counts
+
+from conftest import OracleDrafter, greedy_reference, left_pad, random_prompts
+
+
+def test_ngram_index_proposes_the_most_frequent_continuation_and_backs_off():
+    index = NGramIndex(max_n=3)
+    index.start_stream([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 5])
+    tokens, features = index.propose([9, 1, 2, 3], max_len=1)
+    assert tokens == [5] and features[0] == (3, 2, False)  # (1, 2, 3) -> 5 twice, 4 once
+    tokens, _ = index.propose([7, 7, 1], max_len=3)  # (7, 7, 1) and (7, 1) unseen: backs off to (1,)
+    assert tokens == [2, 3, 5]
+    assert index.propose([42], max_len=4) == ([], [])  # nothing matches: no candidate
+
+
+def test_ngram_index_streams_do_not_join_and_eviction_forgets_exactly():
+    index = NGramIndex(max_n=2, max_tokens=6)
+    index.start_stream([1, 2, 3])
+    index.start_stream([4, 5, 6])
+    assert index.propose([3], 1) == ([], [])  # 3 ended a stream: no n-gram spans two streams
+    index.start_stream([7, 8, 9])  # 9 tokens > 6: the oldest stream is evicted
+    fresh = NGramIndex(max_n=2)
+    fresh.start_stream([4, 5, 6])
+    fresh.start_stream([7, 8, 9])
+    assert index._next == fresh._next and index.num_tokens == 6
+
+
+def test_acceptance_estimator_starts_at_the_prior_and_converges_to_the_observed_rate():
+    est = AcceptanceEstimator(prior_weight=4.0, max_count=100.0)
+    assert est.rate("suffix", (2, 1, True)) == pytest.approx(AcceptanceEstimator.PRIORS["suffix"])
+    for _ in range(300):  # 3 drafts verified, first accepted, second rejected, third never reached
+        est.update("suffix", [(2, 1, True), (1, 1, True), (1, 1, False)], num_verified=3, num_accepted=1)
+    assert est.rate("suffix", (2, 1, True)) > 0.95
+    assert est.rate("suffix", (1, 1, True)) < 0.05
+    assert ("suffix", (1, 1, False)) not in est.seen  # unreached drafts teach nothing
+    assert est.seen[("suffix", (2, 1, True))] <= 100.0  # bounded counters
+
+
+def test_expected_accepted_is_the_sum_of_survival_products():
+    assert expected_accepted([]) == 0.0
+    assert expected_accepted([1.0, 1.0, 1.0]) == 3.0
+    assert expected_accepted([0.5, 0.5]) == pytest.approx(0.5 + 0.25)
+    assert expected_accepted([0.0, 1.0]) == 0.0
+
+
+def test_goodput_policy_takes_a_plain_step_when_nothing_pays_and_the_whole_candidate_when_it_is_free():
+    cost = VerifyCostModel()
+    for n in range(1, 9):
+        cost.update(n, 0.020)  # flat cost: verifying 8 tokens costs one step
+    policy = GoodputVerifyLength(cost_model=cost)
+    assert policy.verify_lens(torch.zeros(2, 7), None).tolist() == [1, 1]
+    assert policy.verify_lens(torch.full((2, 7), 0.9), None).tolist() == [8, 8]
+    steep = VerifyCostModel()
+    for n in range(1, 17):
+        steep.update(n, 0.020 * n)  # every token costs a step: drafts never pay unless certain
+    assert GoodputVerifyLength(cost_model=steep).verify_lens(torch.full((1, 7), 0.5), None).tolist() == [1]
+
+
+def test_verify_cost_model_averages_and_extrapolates_from_measurements():
+    cost = VerifyCostModel(prior_slope=0.1, decay=0.5)
+    assert cost.cost(5) == pytest.approx(1.4)  # prior only
+    cost.update(4, 1.0)
+    cost.update(4, 2.0)
+    assert cost.cost(4) == pytest.approx(1.5)
+    assert cost.cost(6) == pytest.approx(1.5 * 1.2)
+    assert cost.cost(2) == pytest.approx(1.5 / 1.2)
+
+
+@pytest.mark.parametrize("source", ["hybrid", "drafter", "suffix", "global"])
+def test_every_draft_source_is_lossless_in_fp32_greedy(target, drafter, source):
+    """Ragged batch, loops in the tiny target's output (so suffix matches are found and accepted)."""
+    prompts = random_prompts((3, 9, 5, 12), seed=11)
+    ids, mask = left_pad(prompts)
+    width = ids.shape[1]
+    drafting = DraftingConfig() if source == "hybrid" else DraftingConfig.only(source)
+    state = DraftingState()
+    if source in ("global", "hybrid"):  # earlier requests of this process: the same prompts, answered once
+        for p in prompts:
+            state.remember(greedy_reference(target, p, 40, eos=False))
+    out = generate(target, None if source in ("suffix", "global") else drafter, ids, mask, max_new_tokens=40,
+                   eos_token_id=None, drafting=drafting, drafting_state=state)
+    want = [greedy_reference(target, p, 40, eos=False)[len(p):] for p in prompts]
+    assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    used = {s for r in out.stats.rounds for s in r.sources}
+    assert used <= {"none", source} if source != "hybrid" else used <= {"none", "drafter", "suffix", "global"}
+    if source in ("suffix", "global"):
+        assert out.stats.source_counts()[source][1] > 0  # its drafts were really accepted
+        assert out.mean_accepted_length > 1.2
+
+
+def test_engine_without_drafter_needs_a_suffix_source(target):
+    ids = torch.tensor([random_prompts((5,))[0]])
+    with pytest.raises(ValueError, match="no draft source"):
+        generate(target, None, ids, max_new_tokens=4, drafting=DraftingConfig.only("drafter"))
+    with pytest.raises(ValueError, match="enable at least one"):
+        DraftingConfig(drafter=False, suffix=False, global_index=False)
+
+
+def test_hybrid_learns_that_a_perfect_drafter_gets_accepted(target, drafter):
+    """With a perfect drafter the hybrid keeps using it, and its rounds stay long."""
+    prompts = random_prompts((6, 8), seed=4)
+    ids, mask = left_pad(prompts)
+    width = ids.shape[1]
+    references = {width - len(p): greedy_reference(target, p, 60, eos=False) for p in prompts}
+    oracle = OracleDrafter(drafter.config).setup(target, references, 0.0).eval()
+    state = DraftingState()
+    for _ in range(3):
+        out = generate(target, oracle, ids, mask, max_new_tokens=40, eos_token_id=None, drafting_state=state,
+                       drafting=DraftingConfig(global_index=False), verify_policy=FixedVerifyLength())
+        rounds, accepted = out.stats.source_counts()["drafter"]
+        assert accepted / rounds > 3  # full blocks
+        assert out.mean_accepted_length > 3
+    assert state.estimator.rate("drafter", next(k[1] for k in state.estimator.seen if k[0] == "drafter")) > 0.8
+
+
+def test_draft_vocabulary_restricts_drafts_saves_and_is_left_out_of_dflash_exports(target, drafter, tmp_path):
+    vocab = torch.arange(4, 40)  # ids 0..3 and 40.. can never be drafted
+    drafter.set_draft_vocab(vocab)
+    head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab)
+    hidden = torch.randn(2, 3, target.config.hidden_size)
+    assert head.logits(hidden).shape == (2, 3, len(vocab))
+    assert set(head.to_target_ids(head.logits(hidden).argmax(-1)).flatten().tolist()) <= set(vocab.tolist())
+    probs = head.to_target_probs(head.logits(hidden).softmax(-1), target.config.vocab_size)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, 3)) and probs[..., 40:].sum() == 0
+
+    drafter.save_pretrained(tmp_path / "hf")
+    loaded = AdaFlashDrafter.from_pretrained(tmp_path / "hf")
+    assert loaded.config.draft_vocab_size == len(vocab) and torch.equal(loaded.draft_vocab, vocab)
+    save_dflash_checkpoint(drafter, tmp_path / "dflash")
+    exported = AdaFlashDrafter.from_pretrained(tmp_path / "dflash")
+    assert exported.draft_vocab is None and exported.config.draft_vocab_size is None
+
+    prompts = random_prompts((4, 7), seed=2)
+    ids, mask = left_pad(prompts)
+    out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting=DraftingConfig.only("drafter"))
+    width = ids.shape[1]
+    assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == [
+        greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
+    drafter.set_draft_vocab(None)
+    assert drafter.draft_vocab is None and "draft_vocab" not in drafter.state_dict()
+    with pytest.raises(ValueError, match="distinct"):
+        drafter.set_draft_vocab([5, 5])
+    with pytest.raises(ValueError, match="vocab_size"):
+        drafter.set_draft_vocab([5, 10_000])
+
+
+def test_draft_vocabulary_from_counts_covers_what_it_counted():
+    seqs = [TrainingSequence(torch.tensor([1, 1, 7, 7, 7, 9, 3]), start=2)]  # responses: 7 7 7 9 3
+    counts = response_token_counts(seqs)
+    assert counts == {7: 3, 9: 1, 3: 1}
+    vocab = most_frequent(counts, 2, vocab_size=20, always=[3])
+    assert vocab.tolist() == [3, 7]  # EOS always in, then the most frequent
+    assert coverage(vocab, counts) == pytest.approx(4 / 5)
+    assert most_frequent(counts, 5, vocab_size=20).tolist() == [0, 1, 3, 7, 9]  # unseen ids fill up
+    assert coverage(most_frequent(counts, 20, vocab_size=20), counts) == 1.0
