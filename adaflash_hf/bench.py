@@ -4,8 +4,9 @@ Methods (each prompt runs every method back to back, so machine noise hits all o
 - ``target``: plain ``generate`` of the target, the 1.0x reference;
 - ``adaflash``: adaflash-hf's engine in its default configuration (hybrid drafting: drafter block,
   suffix matches and the global index, with the goodput verify length);
-- ``adaflash-drafter``, ``adaflash-suffix``, ``adaflash-global``: the engine with one draft source
-  alone (the drafter's block; the prompt and output so far; earlier requests);
+- ``adaflash-drafter``, ``adaflash-suffix``, ``adaflash-global``, ``adaflash-datastore``: the engine
+  with one draft source alone (the drafter's block; the prompt and output so far; earlier requests;
+  the drafter's datastore of the target's own outputs);
 - ``adaflash...@N`` for any of these: a fixed verify length of N tokens (anchor + drafts);
 - ``prompt-lookup``: transformers' prompt lookup decoding;
 - ``assisted``: transformers' assisted generation with an autoregressive draft model;
@@ -31,10 +32,10 @@ from .targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("target", "adaflash", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "prompt-lookup", "assisted",
-           "dflash-builtin")
+METHODS = ("target", "adaflash", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
+           "prompt-lookup", "assisted", "dflash-builtin")
 POSITIONS = 16  # draft positions whose acceptance is recorded (covers the block and suffix matches)
-SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global"}
+SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global", "adaflash-datastore": "datastore"}
 ASSISTANT_FOR = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 
 
@@ -145,7 +146,7 @@ def run_bench(args: BenchArgs) -> int:
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     methods = args.method_list
     bases = {m.partition("@")[0] for m in methods}
-    needs_drafter = {"adaflash", "adaflash-drafter", "dflash-builtin"} & bases
+    needs_drafter = {"adaflash", "adaflash-drafter", "adaflash-datastore", "dflash-builtin"} & bases
     drafter = load_drafter(args.drafter, target, target_name=args.target) if needs_drafter else None
     assistant = None
     if "assisted" in bases:

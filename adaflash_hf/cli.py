@@ -166,9 +166,9 @@ def _register_optional_commands() -> None:
                                      "Cache the target's own greedy responses to training prompts (resumable), for train-drafter.")
     except ImportError as error:  # pragma: no cover
         logging.getLogger(__name__).debug("generate-data unavailable: %s", error)
-    from .training.vocab import DraftVocabConfig, run_draft_vocab
-    COMMANDS["draft-vocab"] = (DraftVocabConfig, run_draft_vocab,
-                               "Choose a reduced draft vocabulary from the target's own outputs (coverage table) and attach it to a drafter.")
+    from .training.vocab import PrepareDrafterConfig, run_prepare_drafter
+    COMMANDS["prepare-drafter"] = (PrepareDrafterConfig, run_prepare_drafter,
+                                   "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from .decoding.proposers import DATASTORE_FILE, load_datastore
 from .modeling_adaflash import AdaFlashDrafter
 
 logger = logging.getLogger(__name__)
@@ -42,4 +43,23 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
         drafter = AdaFlashDrafter.from_target(target)
     else:
         drafter = AdaFlashDrafter.from_pretrained(name_or_path)
+        datastore = _datastore_file(name_or_path)
+        if datastore is not None:
+            drafter.adaflash_datastore = load_datastore(datastore)
+            logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, datastore)
     return drafter.to(device=target.device, dtype=target.dtype).eval()
+
+
+def _datastore_file(name_or_path: str) -> Path | None:
+    """The drafter's ``datastore.safetensors`` (local folder or Hub repo), or None when it ships none."""
+    local = Path(name_or_path)
+    if local.is_dir():
+        path = local / DATASTORE_FILE
+        return path if path.is_file() else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(name_or_path, DATASTORE_FILE))
+    except (EntryNotFoundError, LocalEntryNotFoundError):
+        return None

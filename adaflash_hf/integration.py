@@ -67,14 +67,13 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self.embed = target.get_input_embeddings()
         self.head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if self.use_drafter else None
         self.layer_ids = drafter.config.target_layer_ids
-        self.block_size = drafter.config.block_size if self.use_drafter else 1
         self.max_length = generation_config.max_length
         self.policy = verify_policy or state.policy
         if isinstance(self.policy, GoodputVerifyLength) and self.policy.cost_model is None:
             self.policy.cost_model = state.cost_model
         self.state = state
-        max_drafts = max(self.block_size - 1, self.drafting.max_suffix_tokens if (self.drafting.suffix or self.drafting.global_index) else 0)
-        self.proposer = HybridProposer(state, self.drafting, max_drafts)
+        self.proposer = HybridProposer(state, self.drafting, drafter.config.block_size if self.use_drafter else None,
+                                       getattr(drafter, "adaflash_datastore", None))
         # Ask the target for just the context layers, unless the user wants every hidden state returned
         # (selecting layers then breaks generate's output bookkeeping).
         wants_all = generation_config.return_dict_in_generate and generation_config.output_hidden_states

@@ -138,3 +138,27 @@ def test_model_card_wall_time_says_when_a_run_was_resumed():
 
     assert "resumed" in _wall_time_line({"wall_minutes": 20.0, "data_minutes": 0.1, "train_minutes": 60.0})
     assert "63.0 min in all" in _wall_time_line({"wall_minutes": 63.0, "data_minutes": 1.0, "train_minutes": 60.0})
+
+
+def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(model_dirs, tmp_path, capsys):
+    import torch
+
+    from adaflash_hf import generate, load_drafter
+    from adaflash_hf.training.data import _write_shard
+
+    target_dir, drafter_dir = model_dirs
+    shards = tmp_path / "data" / "train" / "key"
+    shards.mkdir(parents=True)
+    _write_shard(shards / "shard_00000.safetensors", [([5, 6] + [7, 8, 9, 10] * 10, 2) for _ in range(20)])
+    code = main(["prepare-drafter", "--drafter", str(drafter_dir), "--output-dir", str(tmp_path / "prepared"),
+                 "--data-dir", str(tmp_path / "data"), "--target", str(target_dir), "--size", "8"])
+    assert code == 0
+    assert "held-out coverage" in capsys.readouterr().out
+    target = tiny_target("qwen3")
+    drafter = load_drafter(str(tmp_path / "prepared"), target)
+    assert drafter.config.draft_vocab_size == 8 and {7, 8, 9, 10} <= set(drafter.draft_vocab.tolist())
+    assert drafter.adaflash_datastore.num_tokens == 20 * 40
+    ids = torch.tensor([[4, 7, 8, 9, 10, 7, 8]])
+    out = generate(target, drafter, ids, max_new_tokens=12, eos_token_id=None)
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert out.sequences.tolist() == plain.tolist()

@@ -11,7 +11,14 @@ import torch
 
 from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, generate
 from adaflash_hf.decoding.cost import VerifyCostModel
-from adaflash_hf.decoding.proposers import AcceptanceEstimator, DraftHead, NGramIndex, expected_accepted
+from adaflash_hf.decoding.proposers import (
+    AcceptanceEstimator,
+    DraftHead,
+    NGramIndex,
+    expected_accepted,
+    load_datastore,
+    save_datastore,
+)
 from adaflash_hf.dflash_format import save_dflash_checkpoint
 from adaflash_hf.training.data import TrainingSequence
 from adaflash_hf.training.vocab import coverage, most_frequent, response_token_counts
@@ -82,24 +89,28 @@ def test_verify_cost_model_averages_and_extrapolates_from_measurements():
     assert cost.cost(2) == pytest.approx(1.5 / 1.2)
 
 
-@pytest.mark.parametrize("source", ["hybrid", "drafter", "suffix", "global"])
-def test_every_draft_source_is_lossless_in_fp32_greedy(target, drafter, source):
+@pytest.mark.parametrize("source", ["hybrid", "drafter", "suffix", "global", "datastore"])
+def test_every_draft_source_is_lossless_in_fp32_greedy(target, drafter, source, tmp_path):
     """Ragged batch, loops in the tiny target's output (so suffix matches are found and accepted)."""
     prompts = random_prompts((3, 9, 5, 12), seed=11)
     ids, mask = left_pad(prompts)
     width = ids.shape[1]
     drafting = DraftingConfig() if source == "hybrid" else DraftingConfig.only(source)
     state = DraftingState()
+    answers = [greedy_reference(target, p, 40, eos=False) for p in prompts]
     if source in ("global", "hybrid"):  # earlier requests of this process: the same prompts, answered once
-        for p in prompts:
-            state.remember(greedy_reference(target, p, 40, eos=False))
+        for answer in answers:
+            state.remember(answer)
+    if source in ("datastore", "hybrid"):  # the target's own outputs, shipped with the drafter
+        save_datastore([a[len(p):] for a, p in zip(answers, prompts)], tmp_path / "datastore.safetensors")
+        drafter.adaflash_datastore = load_datastore(tmp_path / "datastore.safetensors")
     out = generate(target, None if source in ("suffix", "global") else drafter, ids, mask, max_new_tokens=40,
                    eos_token_id=None, drafting=drafting, drafting_state=state)
     want = [greedy_reference(target, p, 40, eos=False)[len(p):] for p in prompts]
     assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
     used = {s for r in out.stats.rounds for s in r.sources}
-    assert used <= {"none", source} if source != "hybrid" else used <= {"none", "drafter", "suffix", "global"}
-    if source in ("suffix", "global"):
+    assert used <= {"none", source} if source != "hybrid" else used <= {"none", "drafter", "suffix", "global", "datastore"}
+    if source in ("suffix", "global", "datastore"):
         assert out.stats.source_counts()[source][1] > 0  # its drafts were really accepted
         assert out.mean_accepted_length > 1.2
 
@@ -109,7 +120,7 @@ def test_engine_without_drafter_needs_a_suffix_source(target):
     with pytest.raises(ValueError, match="no draft source"):
         generate(target, None, ids, max_new_tokens=4, drafting=DraftingConfig.only("drafter"))
     with pytest.raises(ValueError, match="enable at least one"):
-        DraftingConfig(drafter=False, suffix=False, global_index=False)
+        DraftingConfig(drafter=False, suffix=False, global_index=False, datastore=False)
 
 
 def test_hybrid_learns_that_a_perfect_drafter_gets_accepted(target, drafter):

@@ -150,22 +150,18 @@ def generate(
     state = drafting_state or default_drafting_state(target)
     drafting = drafting or state.config
     use_drafter = drafter is not None and drafting.drafter
-    if not (use_drafter or drafting.suffix or drafting.global_index):
-        raise ValueError("no draft source is left: pass a drafter, or enable suffix or global_index in DraftingConfig.")
     max_new_tokens = config.max_new_tokens
     eos_ids = set() if config.eos_token_id is None else set(torch.tensor(config.eos_token_id).flatten().tolist())
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
     policy = verify_policy or state.policy
     if isinstance(policy, GoodputVerifyLength) and policy.cost_model is None:
         policy.cost_model = state.cost_model
-    block_size = drafter.config.block_size if use_drafter else 1
     layer_ids = drafter.config.target_layer_ids if use_drafter else []
     hidden_request = [i + 1 for i in layer_ids] if use_drafter else None
     embed = target.get_input_embeddings()
     head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab if use_drafter else None) if use_drafter else None
     vocab_size = target.get_output_embeddings().weight.shape[0]
-    max_drafts = max(block_size - 1, drafting.max_suffix_tokens if (drafting.suffix or drafting.global_index) else 0)
-    proposer = HybridProposer(state, drafting, max_drafts)
+    proposer = HybridProposer(state, drafting, drafter.config.block_size if use_drafter else None, getattr(drafter, "adaflash_datastore", None))
     device = input_ids.device
     batch_size = input_ids.shape[0]
     stats = SpeculativeStats()

@@ -7,6 +7,8 @@ takes the most promising of:
   so far (SuffixDecoding / prompt lookup, with counts);
 - ``global``: the same over a bounded index of earlier requests of this process, so structure that
   repeats across requests is reused;
+- ``datastore``: the same over the target's own responses to training prompts, shipped with the
+  drafter (``datastore.safetensors``, a REST-style datastore; see :func:`load_datastore`);
 - nothing: a plain step, when no candidate is expected to pay for a longer verification.
 
 "Most promising" is measured, not assumed: :class:`AcceptanceEstimator` keeps bounded counters of how
@@ -22,6 +24,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +32,8 @@ import torch.nn.functional as F
 from .cost import VerifyCostModel
 from .policy import GoodputVerifyLength
 
-SOURCES = ("drafter", "suffix", "global")
+SOURCES = ("drafter", "suffix", "global", "datastore")
+DATASTORE_FILE = "datastore.safetensors"
 NONE = "none"
 
 
@@ -40,6 +44,7 @@ class DraftingConfig:
     drafter: bool = field(default=True, metadata={"help": "Use the learned drafter's block (needs a drafter)."})
     suffix: bool = field(default=True, metadata={"help": "Use continuations of the row's own prompt and output (suffix match)."})
     global_index: bool = field(default=True, metadata={"help": "Use continuations from earlier requests of this process."})
+    datastore: bool = field(default=True, metadata={"help": "Use continuations from the drafter's datastore of the target's own outputs, when it ships one."})
     max_ngram: int = field(default=4, metadata={"help": "Longest n-gram matched against the history (backs off to 1)."})
     max_suffix_tokens: int = field(default=16, metadata={"help": "Longest continuation a suffix match proposes."})
     global_max_tokens: int = field(default=262_144, metadata={"help": "Tokens the global index keeps (oldest requests are evicted first)."})
@@ -50,15 +55,16 @@ class DraftingConfig:
                 f"max_ngram ({self.max_ngram}), max_suffix_tokens ({self.max_suffix_tokens}) and global_max_tokens "
                 f"({self.global_max_tokens}) must all be >= 1."
             )
-        if not (self.drafter or self.suffix or self.global_index):
-            raise ValueError("DraftingConfig switches every source off; enable at least one of drafter, suffix, global_index.")
+        if not (self.drafter or self.suffix or self.global_index or self.datastore):
+            raise ValueError("DraftingConfig switches every source off; enable at least one of drafter, suffix, global_index, datastore.")
 
     @classmethod
     def only(cls, source: str) -> DraftingConfig:
-        """A config with one source switched on (``drafter``, ``suffix`` or ``global``)."""
+        """A config with one source switched on (``drafter``, ``suffix``, ``global`` or ``datastore``)."""
         if source not in SOURCES:
             raise ValueError(f"unknown draft source {source!r}; choose from {', '.join(SOURCES)}.")
-        return cls(drafter=source == "drafter", suffix=source == "suffix", global_index=source == "global")
+        return cls(drafter=source == "drafter", suffix=source == "suffix", global_index=source == "global",
+                   datastore=source == "datastore")
 
 
 class NGramIndex:
@@ -142,7 +148,7 @@ class AcceptanceEstimator:
     changes (online adaptation) and memory stays flat in a long-running server.
     """
 
-    PRIORS = {"drafter": 0.3, "suffix": 0.5, "global": 0.4}
+    PRIORS = {"drafter": 0.3, "suffix": 0.5, "global": 0.4, "datastore": 0.3}
 
     def __init__(self, prior_weight: float = 4.0, max_count: float = 4096.0):
         self.prior_weight, self.max_count = prior_weight, max_count
@@ -286,11 +292,35 @@ def default_drafting_state(target: torch.nn.Module) -> DraftingState:
     return _DEFAULT_STATES[target]
 
 
+def load_datastore(path: str | Path, max_n: int = 4) -> NGramIndex:
+    """An :class:`NGramIndex` over the token streams of a ``datastore.safetensors`` file (``tokens``, ``lengths``)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    index = NGramIndex(max_n)
+    for stream in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()):
+        index.start_stream(stream.tolist())
+    return index
+
+
+def save_datastore(streams: Sequence[Sequence[int]], path: str | Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"tokens": torch.tensor([t for s in streams for t in s], dtype=torch.int32),
+               "lengths": torch.tensor([len(s) for s in streams], dtype=torch.int64)}, str(path))
+
+
 class HybridProposer:
     """Builds each round's :class:`Proposal` from the drafter block and the suffix indices of the rows."""
 
-    def __init__(self, state: DraftingState, config: DraftingConfig, max_len: int):
-        self.state, self.config, self.max_len = state, config, max_len
+    def __init__(self, state: DraftingState, config: DraftingConfig, block_size: int | None, datastore: NGramIndex | None = None):
+        """block_size: the drafter's block (None: no drafter runs); datastore: the drafter's, if it ships one."""
+        self.state, self.config = state, config
+        self.datastore = datastore if config.datastore else None
+        if block_size is None and not (config.suffix or config.global_index or self.datastore is not None):
+            raise ValueError("no draft source is left: pass a drafter, or enable suffix, global_index or a datastore in DraftingConfig.")
+        matches = config.suffix or config.global_index or self.datastore is not None
+        self.max_len = max((block_size or 1) - 1, config.max_suffix_tokens if matches else 0)  # longest proposal
         self.rows: dict[int, NGramIndex] = {}  # per-request suffix index over prompt + output
         self.history: dict[int, list[int]] = {}
         self._options: dict[int, list[tuple[str, list[int], list[tuple]]]] = {}  # this round's candidates per row
@@ -328,6 +358,8 @@ class HybridProposer:
                 options.append(("suffix", *self.rows[row].propose(history, self.config.max_suffix_tokens)))
             if self.config.global_index and self.state.global_index.num_tokens:
                 options.append(("global", *self.state.global_index.propose(history, self.config.max_suffix_tokens)))
+            if self.datastore is not None:
+                options.append(("datastore", *self.datastore.propose(history, self.config.max_suffix_tokens)))
             options_per_row.append(options)
         self.drafter_ran = False
         if run_drafter is not None:

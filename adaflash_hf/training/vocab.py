@@ -1,12 +1,14 @@
-"""The reduced draft vocabulary: the target's most frequent output tokens (FR-Spec, EAGLE-3).
+"""What a drafter learns from the target's own outputs besides its weights: a reduced draft vocabulary
+(the most frequent output tokens, FR-Spec / EAGLE-3) and a datastore of those outputs for suffix matches.
 
 The drafter's logits are computed over these token ids only, which cuts the lm_head, its main
 cost at inference and in training. Verification stays over the full vocabulary, so decoding stays
 lossless; a token outside the draft vocabulary simply can never be drafted. The size is chosen from
 measured coverage: the share of the target's own held-out output tokens that fall inside.
 
-``adaflash draft-vocab`` counts response tokens of cached self-generated data, prints coverage for
-a range of sizes on the held-out responses, and writes a drafter folder that carries the chosen list.
+``adaflash prepare-drafter`` counts response tokens of cached self-generated data, prints coverage
+for a range of sizes on held-out responses, and writes a drafter folder that carries the chosen list
+and ``datastore.safetensors`` (the responses as token ids; the engine's ``datastore`` draft source).
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ def read_cached_sequences(data_dir: str | Path) -> list[TrainingSequence]:
 
 
 @dataclass
-class DraftVocabConfig:
-    """``adaflash draft-vocab``: choose a draft vocabulary from the target's own outputs and attach it to a drafter."""
+class PrepareDrafterConfig:
+    """``adaflash prepare-drafter``: attach a draft vocabulary and a datastore, both from the target's own outputs, to a drafter."""
 
     drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
     output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
@@ -66,6 +68,7 @@ class DraftVocabConfig:
     target: str = field(default="smollm2-135m", metadata={"help": "Target preset or path (for 'auto' and the special tokens)."})
     size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
     min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
+    datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size < 1:
@@ -77,11 +80,13 @@ class DraftVocabConfig:
 SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
 
 
-def run_draft_vocab(config: DraftVocabConfig) -> int:
+def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
+    from ..decoding.proposers import DATASTORE_FILE, save_datastore
     from ..drafters import load_drafter
     from ..targets import load_target
 
     train = read_cached_sequences(Path(config.data_dir) / "train")
+    responses = [s.input_ids[s.start :].tolist() for s in train]
     if not train:
         raise SystemExit(f"error: no cached responses under {config.data_dir}/train; run `adaflash generate-data --data-dir {config.data_dir}` first.")
     held_out = read_cached_sequences(Path(config.data_dir) / "eval")
@@ -112,5 +117,8 @@ def run_draft_vocab(config: DraftVocabConfig) -> int:
         "train_response_tokens": sum(counts.values()), "heldout_response_tokens": sum(eval_counts.values()),
         "coverage_table": table, "data_dir": str(config.data_dir),
     }, indent=1) + "\n")
-    print(f"wrote {out} with a draft vocabulary of {size} tokens")
+    if config.datastore:
+        save_datastore(responses, out / DATASTORE_FILE)
+    print(f"wrote {out} with a draft vocabulary of {size} tokens"
+          + (f" and a datastore of {sum(map(len, responses))} response tokens" if config.datastore else ""))
     return 0
