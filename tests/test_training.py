@@ -276,3 +276,27 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
         assert config.target_layer_ids == [0, 1, 2, 3]  # default: up to 5 context layers, here all 4 of the tiny target
     with pytest.raises(ValueError, match="steps_per_forward"):
         TrainDrafterConfig(output_dir="x", steps_per_forward=0)
+
+
+def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(tmp_path):
+    tokenizer = byte_tokenizer()
+    target = tiny_target(vocab=len(tokenizer), layers=4)
+    target.generation_config.eos_token_id = 2
+    target.generation_config.pad_token_id = 2
+    common = dict(
+        target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, seq_len=32, train_domains=["math"],
+        corpus_fraction=0.5, corpus_limit_per_domain=4, self_gen_prompts_per_domain=2, eval_prompts_per_domain=2,
+        gen_max_new_tokens=6, gen_batch_size=2, eval_anchors=4, eval_every=100, checkpoint_every=100, warmup_steps=1,
+        engine_eval_prompts=1, max_steps=2, data_dir=str(tmp_path / "data"),
+    )
+    first = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "a"), **common), target, tokenizer)
+    second = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "b"), init_from=str(first), draft_vocab_size=40,
+                                              lr=1e-12, **common), target, tokenizer)
+    before, after = AdaFlashDrafter.from_pretrained(first), AdaFlashDrafter.from_pretrained(second)
+    assert after.config.draft_vocab_size == 40 and len(set(after.draft_vocab.tolist())) == 40
+    assert 2 in after.draft_vocab.tolist()  # EOS is always draftable
+    for name, weight in before.state_dict().items():  # lr ~ 0: the run started from the first drafter's weights
+        assert torch.allclose(weight.float(), after.state_dict()[name].float(), atol=1e-2), name
+    with pytest.raises(ValueError, match="block size 4"):
+        train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "c"), init_from=str(first), **{**common, "block_size": 8}),
+                      target, tokenizer)

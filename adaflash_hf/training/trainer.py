@@ -92,6 +92,8 @@ class TrainDrafterConfig:
     data_dir: str | None = field(default=None, metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default). On shared CPUs, 1 avoids oversubscription stalls."})
     resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
+    init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
+    draft_vocab_size: int | None = field(default=None, metadata={"help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the self-generated responses (default: keep the init drafter's, else the full vocabulary)."})
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "steps_per_forward", "max_steps", "eval_every",
@@ -129,6 +131,8 @@ class TrainDrafterConfig:
             raise ValueError(f"target_dtype must be 'bf16' or 'fp32', got {self.target_dtype!r}.")
         if not self.train_domains:
             raise ValueError("train_domains is empty.")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}.")
 
 
 def pick_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -209,16 +213,27 @@ def drafter_block_forward(
         input_ids=input_ids if consistent_labels else None,
     )[:, :, :num_positions]  # (b, A, K)
     valid = block_lab != IGNORE_INDEX
-    logits = F.linear(hidden[valid], lm_head.weight.to(hidden.dtype))  # (n, V): only labelled positions pay the lm_head
+    # The same head as at inference: the lm_head rows of the draft vocabulary, if the drafter has one
+    # (it also cuts the step's main cost); labels outside it cannot be drafted and give no CE.
+    vocab = extract_model_from_parallel(drafter).draft_vocab
+    weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab)
+    logits = F.linear(hidden[valid], weight.to(hidden.dtype))  # (n, V_draft): only labelled positions pay the lm_head
+    labels_flat = block_lab[valid]
+    if vocab is not None:
+        to_draft = torch.full((lm_head.weight.shape[0],), IGNORE_INDEX, dtype=torch.long, device=device)
+        to_draft[vocab] = torch.arange(len(vocab), device=device)
+        labels_flat = to_draft[labels_flat]
     flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
-    loss = decayed_cross_entropy(logits, block_lab[valid], flat_weights)
+    loss = decayed_cross_entropy(logits, labels_flat, flat_weights) if bool((labels_flat != IGNORE_INDEX).any()) else logits.sum() * 0
     if distill_weight > 0:
         label_pos = anchors[:, :, None] + torch.arange(1, num_positions + 1, device=device)  # (b, A, K)
         rows = torch.arange(b, device=device)[:, None, None].expand_as(label_pos)
         target_logits = features.logits[rows[valid], label_pos[valid] - 1]  # (n, V): the logits behind each label
+        if vocab is not None:
+            target_logits = target_logits[:, vocab]
         loss = loss + distill_weight * decayed_forward_kl(logits, target_logits, block_lab[valid], flat_weights)
     predictions = torch.full_like(block_lab, IGNORE_INDEX)
-    predictions[valid] = logits.argmax(-1)
+    predictions[valid] = logits.argmax(-1) if vocab is None else vocab[logits.argmax(-1)]
     return BlockOutput(loss, predictions, block_lab)
 
 
@@ -357,21 +372,25 @@ def evaluate(
 
 @torch.no_grad()
 def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens: int) -> dict:
-    """Real speculative decoding (batch 1, greedy) on a few held-out prompts: tau, acceptance, speed."""
+    """Real speculative decoding with the drafter's block alone (batch 1, greedy, whole block) on a few
+    held-out prompts: tau, acceptance, speed."""
     from ..decoding.engine import generate
+    from ..decoding.policy import FixedVerifyLength
+    from ..decoding.proposers import DraftingConfig, DraftingState
     from .data import chat_prompt_ids
 
+    alone = dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(), drafting_state=DraftingState())
     drafter.eval()
     tokens, spec_s, plain_s, plain_tokens = 0, 0.0, 0.0, 0
     all_stats = None
     warm = torch.tensor([chat_prompt_ids(tokenizer, prompts[0])], device=target.device)  # first calls pay one-off costs
-    generate(target, drafter, warm, torch.ones_like(warm), max_new_tokens=8)
+    generate(target, drafter, warm, torch.ones_like(warm), max_new_tokens=8, **alone)
     target.generate(input_ids=warm, attention_mask=torch.ones_like(warm), do_sample=False, max_new_tokens=8,
                     pad_token_id=tokenizer.pad_token_id)
     for prompt in prompts:
         ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], device=target.device)
         start = time.perf_counter()
-        out = generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens)
+        out = generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens, **alone)
         spec_s += time.perf_counter() - start
         tokens += out.num_new_tokens[0]
         if all_stats is None:
@@ -457,10 +476,26 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         overrides["target_layer_ids"] = default_target_layer_ids(num_target_layers, max(config.num_layers, CONTEXT_LAYERS))
     if config.intermediate_size is not None:
         overrides["intermediate_size"] = config.intermediate_size
-    drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
-    # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
-    with torch.no_grad():
-        drafter.norm.weight.copy_(target.get_decoder().norm.weight.float())
+    if config.init_from is not None:  # continue from a trained drafter: its architecture, its weights
+        from ..drafters import load_drafter
+
+        drafter = load_drafter(config.init_from, target, target_name=config.target).float().requires_grad_(True)
+        if drafter.config.block_size != config.block_size:
+            raise ValueError(f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
+                             f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}.")
+        logger.info("initialised from %s: %d layers, block %d, context layers %s", config.init_from,
+                    drafter.config.num_hidden_layers, drafter.config.block_size, drafter.config.target_layer_ids)
+    else:
+        drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
+        # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
+        with torch.no_grad():
+            drafter.norm.weight.copy_(target.get_decoder().norm.weight.float())
+    if config.draft_vocab_size is not None:
+        from .vocab import most_frequent, response_token_counts
+
+        eos = torch.tensor(target.generation_config.eos_token_id).flatten().tolist()
+        drafter.set_draft_vocab(most_frequent(response_token_counts(self_gen or eval_sequences), config.draft_vocab_size,
+                                              drafter.config.vocab_size, always=eos))
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     state = {"step": 0, "train_minutes": 0.0, "tokens_seen": 0}
     latest = _latest_checkpoint(output_dir) if config.resume else None
