@@ -295,6 +295,8 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
     before, after = AdaFlashDrafter.from_pretrained(first), AdaFlashDrafter.from_pretrained(second)
     assert after.config.draft_vocab_size == 40 and len(set(after.draft_vocab.tolist())) == 40
     assert 2 in after.draft_vocab.tolist()  # EOS is always draftable
+    summary = json.loads((second / "training_summary.json").read_text())
+    assert summary["held_out_at_init"]["tau"] >= 1.0 and summary["recipe"]["init_from"] == str(first)
     for name, weight in before.state_dict().items():  # lr ~ 0: the run started from the first drafter's weights
         assert torch.allclose(weight.float(), after.state_dict()[name].float(), atol=1e-2), name
     with pytest.raises(ValueError, match="block size 4"):

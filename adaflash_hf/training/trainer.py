@@ -93,6 +93,7 @@ class TrainDrafterConfig:
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default). On shared CPUs, 1 avoids oversubscription stalls."})
     resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
     init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
+    self_gen_cached_only: bool = field(default=False, metadata={"help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), generating none."})
     draft_vocab_size: int | None = field(default=None, metadata={"help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the self-generated responses (default: keep the init drafter's, else the full vocabulary)."})
 
     def __post_init__(self) -> None:
@@ -453,7 +454,11 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     if config.corpus_fraction < 1.0:
         train_prompts = load_prompts(config.train_domains, split="train",
                                      limit_per_domain=config.self_gen_prompts_per_domain, seed=config.seed)
-        self_gen = generate_responses(target, tokenizer, list(train_prompts["prompt"]), data_dir / "train", **gen_kwargs)
+        self_gen = generate_responses(target, tokenizer, list(train_prompts["prompt"]), data_dir / "train",
+                                      cached_only=config.self_gen_cached_only, **gen_kwargs)
+        if not self_gen:
+            raise ValueError(f"no self-generated responses cached in {data_dir / 'train'}: run adaflash generate-data first, "
+                             "or drop --self-gen-cached-only.")
     corpus: list[TrainingSequence] = []
     if config.corpus_fraction > 0.0:
         texts = load_text_corpus(config.train_domains, split="train", limit_per_domain=config.corpus_limit_per_domain, seed=config.seed)
@@ -534,7 +539,12 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         return collate([pool[i] for i in picks], pad_id)
 
     # 4. Train: target features -> anchors -> drafter blocks -> weighted CE -> AdamW.
-    last_eval = None
+    last_eval = start_eval = None
+    if config.init_from is not None and state["step"] == 0:  # the starting point, on the same held-out split
+        last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
+        log({"kind": "eval", "step": 0, "minutes": 0.0, **last_eval})
+        logger.info("init drafter: held-out tau %.3f", last_eval["tau"])
+        start_eval = last_eval
     loop_start = time.perf_counter() - state["train_minutes"] * 60
     bar = tqdm(total=config.max_steps, initial=state["step"], desc="train drafter", unit="step")
     recent_loss, recent_acc = [], []
@@ -615,7 +625,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
             "data_minutes": data_minutes, "train_minutes": state["train_minutes"], "steps": state["step"],
             "supervised_tokens_seen": state["tokens_seen"],
             "wall_minutes": wall_minutes(),  # summed over resumed processes
-            "held_out_teacher_forced": final_eval, "engine_check": engine,
+            "held_out_teacher_forced": final_eval, "held_out_at_init": start_eval, "engine_check": engine,
         }
         (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
     return final_dir
