@@ -166,6 +166,8 @@ def _register_optional_commands() -> None:
                                      "Cache the target's own greedy responses to training prompts (resumable), for train-drafter.")
     except ImportError as error:  # pragma: no cover
         logging.getLogger(__name__).debug("generate-data unavailable: %s", error)
+    from .profile import ProfileArgs, run_profile
+    COMMANDS["profile"] = (ProfileArgs, run_profile, "Where the time of one speculative round goes, against one plain decode step.")
     from .training.vocab import PrepareDrafterConfig, run_prepare_drafter
     COMMANDS["prepare-drafter"] = (PrepareDrafterConfig, run_prepare_drafter,
                                    "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter.")

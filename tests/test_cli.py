@@ -162,3 +162,19 @@ def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(m
     out = generate(target, drafter, ids, max_new_tokens=12, eos_token_id=None)
     plain = target.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
     assert out.sequences.tolist() == plain.tolist()
+
+
+def test_profile_command_splits_the_round(model_dirs, tmp_path, capsys):
+    import json
+
+    target, drafter = model_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9 w11", "domain": "code"}\n')
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
+                 "--max-new-tokens", "8", "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert set(payload["forward_ms_by_new_tokens"]) == {"1", "2", "4", "8", "16"}
+    for row in payload["engine"].values():
+        assert row["round_ms"] >= row["verify_ms"] > 0 and row["propose_ms"] >= 0
+    assert "vs plain" in capsys.readouterr().out
