@@ -30,7 +30,7 @@ def test_ngram_index_proposes_the_most_frequent_continuation_and_backs_off():
     index = NGramIndex(max_n=3)
     index.start_stream([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 5])
     tokens, features = index.propose([9, 1, 2, 3], max_len=1)
-    assert tokens == [5] and features[0] == (3, 2, False)  # (1, 2, 3) -> 5 twice, 4 once
+    assert tokens == [5] and features[0] == (0, 3, 2, False)  # position 0: (1, 2, 3) -> 5 twice, 4 once
     tokens, _ = index.propose([7, 7, 1], max_len=3)  # (7, 7, 1) and (7, 1) unseen: backs off to (1,)
     assert tokens == [2, 3, 5]
     assert index.propose([42], max_len=4) == ([], [])  # nothing matches: no candidate

@@ -170,7 +170,7 @@ def generate(
         streamer.put(input_ids.cpu())
 
     def choose(logits: torch.Tensor) -> torch.Tensor:  # (b, V) -> (b,)
-        return logits.argmax(-1) if not params.do_sample else sample(logits_to_probs(logits, params), generator)
+        return logits.max(-1).indices if not params.do_sample else sample(logits_to_probs(logits, params), generator)
 
     # 0. Prefill the target on the prompts; its first token is the first anchor.
     start = timer(device)

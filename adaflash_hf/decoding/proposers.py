@@ -71,8 +71,9 @@ class NGramIndex:
     """Counts of the token that follows every n-gram (n = 1..max_n) of the token streams added.
 
     ``propose`` walks the most frequent continuation of the longest matching n-gram (backing off to
-    shorter ones), SuffixDecoding-style. Each proposed token carries the feature ``(n, count, unanimous)``
-    that :class:`AcceptanceEstimator` learns acceptance rates for. With ``max_tokens``, the oldest
+    shorter ones), SuffixDecoding-style. Each proposed token carries the feature ``(position, n,
+    count, unanimous)`` (position capped at 2, count at 3) that :class:`AcceptanceEstimator` learns
+    acceptance rates for: deeper tokens of a proposal are accepted less often at the same n-gram. With ``max_tokens``, the oldest
     streams are evicted once more tokens than that are indexed.
     """
 
@@ -120,11 +121,11 @@ class NGramIndex:
                         del self._next[key]
         self.num_tokens -= len(stream)
 
-    def propose(self, context: Sequence[int], max_len: int) -> tuple[list[int], list[tuple[int, int, bool]]]:
+    def propose(self, context: Sequence[int], max_len: int) -> tuple[list[int], list[tuple[int, int, int, bool]]]:
         """The most frequent continuation of ``context`` (up to ``max_len`` tokens) and each token's feature."""
         window = list(context[-self.max_n :])
         tokens: list[int] = []
-        features: list[tuple[int, int, bool]] = []
+        features: list[tuple[int, int, int, bool]] = []
         while len(tokens) < max_len:
             for n in range(min(self.max_n, len(window)), 0, -1):
                 counts = self._next.get(tuple(window[-n:]))
@@ -133,8 +134,8 @@ class NGramIndex:
             else:
                 break
             token, count = max(counts.items(), key=lambda kv: kv[1])
+            features.append((min(len(tokens), 2), n, min(count, 3), count == sum(counts.values())))
             tokens.append(token)
-            features.append((n, min(count, 3), count == sum(counts.values())))
             window.append(token)
             del window[0]
         return tokens, features
