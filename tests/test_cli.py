@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,18 @@ def test_profile_command_splits_the_round(model_dirs, tmp_path, capsys):
     for row in payload["engine"].values():
         assert row["round_ms"] >= row["verify_ms"] > 0 and row["propose_ms"] >= 0
     assert "vs plain" in capsys.readouterr().out
+
+
+def test_prepare_drafter_counts_the_targets_predictions_on_corpus_text(model_dirs, tmp_path, monkeypatch):
+    from datasets import Dataset
+
+    import adaflash_hf.data as data
+
+    monkeypatch.setattr(data, "load_text_corpus", lambda *a, **k: Dataset.from_dict({"text": ["w5 w6 w7 w8 w9 " * 40] * 30}))
+    target_dir, drafter_dir = model_dirs
+    assert main(["prepare-drafter", "--drafter", str(drafter_dir), "--output-dir", str(tmp_path / "prepared"),
+                 "--target", str(target_dir), "--corpus-tokens", "2000", "--size", "4"]) == 0
+    report = json.loads((tmp_path / "prepared" / "draft_vocab.json").read_text())
+    assert report["counted_tokens"] > 1000 and report["datastore_tokens"] == 0  # no responses: no datastore
+    assert not (tmp_path / "prepared" / "datastore.safetensors").exists()
+    assert AdaFlashDrafter.from_pretrained(tmp_path / "prepared").config.draft_vocab_size == 4

@@ -14,6 +14,7 @@ and ``datastore.safetensors`` (the responses as token ids; the engine's ``datast
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -64,15 +65,18 @@ class PrepareDrafterConfig:
 
     drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
     output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
-    data_dir: str = field(metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
+    data_dir: str | None = field(default=None, metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
     target: str = field(default="smollm2-135m", metadata={"help": "Target preset or path (for 'auto' and the special tokens)."})
     size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
     min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
     datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
+    corpus_tokens: int = field(default=0, metadata={"help": "Also count the target's greedy predictions on this many tokens of training corpus text (one forward per 512-token window: far cheaper than generating; every tenth window held out)."})
 
     def __post_init__(self) -> None:
         if self.size is not None and self.size < 1:
             raise ValueError(f"size must be >= 1 or unset, got {self.size}.")
+        if self.corpus_tokens < 0:
+            raise ValueError(f"corpus_tokens must be >= 0, got {self.corpus_tokens}.")
         if not 0 < self.min_coverage <= 1:
             raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
 
@@ -80,27 +84,56 @@ class PrepareDrafterConfig:
 SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
 
 
+@torch.no_grad()
+def corpus_prediction_counts(target, tokenizer, domains: list[str], num_tokens: int, seq_len: int = 512) -> tuple[Counter, Counter]:
+    """The target's greedy predictions on ``num_tokens`` of training corpus text (one forward per window),
+    counted as (train, held-out) with every tenth window held out: a cheap stand-in for its outputs."""
+    from ..data import load_text_corpus
+    from .data import collate, pack_corpus
+
+    texts = list(load_text_corpus(domains, split="train")["text"])
+    random.Random(0).shuffle(texts)  # a sample across domains and documents
+    picked, words = [], 0
+    for text in texts:  # ~1.5 tokens per word: tokenize only what is needed
+        picked.append(text)
+        words += len(text.split())
+        if words * 1.5 >= num_tokens:
+            break
+    windows = pack_corpus(tokenizer, picked, seq_len)[: max(1, num_tokens // seq_len)]
+    counts, held_out = Counter(), Counter()
+    for i, window in enumerate(windows):
+        batch = collate([window], tokenizer.pad_token_id or 0)
+        logits = target(input_ids=batch.input_ids.to(target.device), use_cache=False, logits_to_keep=0).logits
+        (held_out if i % 10 == 9 else counts).update(logits[0].max(-1).indices.tolist())
+    return counts, held_out
+
+
 def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     from ..decoding.proposers import DATASTORE_FILE, save_datastore
     from ..drafters import load_drafter
     from ..targets import load_target
 
-    train = read_cached_sequences(Path(config.data_dir) / "train")
-    responses = [s.input_ids[s.start :].tolist() for s in train]
-    if not train:
-        raise SystemExit(f"error: no cached responses under {config.data_dir}/train; run `adaflash generate-data --data-dir {config.data_dir}` first.")
-    held_out = read_cached_sequences(Path(config.data_dir) / "eval")
-    if not held_out:  # no eval cache: hold out every tenth training response
-        train, held_out = [s for i, s in enumerate(train) if i % 10], train[::10]
-    counts, eval_counts = response_token_counts(train), response_token_counts(held_out)
     target, tokenizer = load_target(config.target, dtype="bf16")
     drafter = load_drafter(config.drafter, target, target_name=config.target)
+    train = read_cached_sequences(Path(config.data_dir) / "train") if config.data_dir else []
+    responses = [s.input_ids[s.start :].tolist() for s in train]
+    if not train and not config.corpus_tokens:
+        raise SystemExit(f"error: no cached responses under {config.data_dir}/train; run `adaflash generate-data --data-dir "
+                         f"{config.data_dir}` first, or count the target's predictions on corpus text with --corpus-tokens N.")
+    held_out = read_cached_sequences(Path(config.data_dir) / "eval") if config.data_dir else []
+    if train and not held_out:  # no eval cache: hold out every tenth training response
+        train, held_out = [s for i, s in enumerate(train) if i % 10], train[::10]
+    counts, eval_counts = response_token_counts(train), response_token_counts(held_out)
+    if config.corpus_tokens:
+        corpus_counts, corpus_held_out = corpus_prediction_counts(target, tokenizer, ["code", "math", "chat"], config.corpus_tokens)
+        counts.update(corpus_counts)
+        eval_counts.update(corpus_held_out)
     vocab_size = drafter.config.vocab_size
     always = [t for t in torch.tensor(target.generation_config.eos_token_id).flatten().tolist()]
     table = []
     for size in [s for s in SIZES if s < vocab_size] + [vocab_size]:
         table.append({"size": size, "heldout_coverage": round(coverage(most_frequent(counts, size, vocab_size, always), eval_counts), 5)})
-    print(f"{sum(counts.values())} training response tokens ({len(counts)} distinct), {sum(eval_counts.values())} held-out")
+    print(f"{sum(counts.values())} counted tokens ({len(counts)} distinct), {sum(eval_counts.values())} held-out")
     print(f"{'size':>7} {'held-out coverage':>18}")
     for row in table:
         print(f"{row['size']:>7} {row['heldout_coverage']:>18.4f}")
@@ -111,14 +144,17 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     drafter.set_draft_vocab(most_frequent(counts, size, vocab_size, always))
     out = Path(config.output_dir)
     drafter.save_pretrained(out)
+    write_datastore = config.datastore and bool(responses)
     (out / "draft_vocab.json").write_text(json.dumps({
         "size": size, "heldout_coverage": next((r["heldout_coverage"] for r in table if r["size"] == size),
                                                 round(coverage(drafter.draft_vocab.cpu(), eval_counts), 5)),
-        "train_response_tokens": sum(counts.values()), "heldout_response_tokens": sum(eval_counts.values()),
-        "coverage_table": table, "data_dir": str(config.data_dir),
+        "counted_tokens": sum(counts.values()), "heldout_tokens": sum(eval_counts.values()),
+        "response_tokens": sum(map(len, responses)), "corpus_prediction_tokens": config.corpus_tokens,
+        "datastore_tokens": sum(map(len, responses)) if write_datastore else 0,
+        "coverage_table": table, "data_dir": config.data_dir,
     }, indent=1) + "\n")
-    if config.datastore:
+    if write_datastore:
         save_datastore(responses, out / DATASTORE_FILE)
     print(f"wrote {out} with a draft vocabulary of {size} tokens"
-          + (f" and a datastore of {sum(map(len, responses))} response tokens" if config.datastore else ""))
+          + (f" and a datastore of {sum(map(len, responses))} response tokens" if write_datastore else ""))
     return 0
