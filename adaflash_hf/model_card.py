@@ -15,7 +15,7 @@ from .training.trainer import TrainDrafterConfig
 
 
 def render_model_card(config: dict, summary: dict, bench: dict | None = None, repo_id: str | None = None,
-                      notes: list[str] | None = None) -> str:
+                      notes: list[str] | None = None, draft_data: dict | None = None) -> str:
     recipe = summary.get("recipe", {})
     target = recipe.get("target", "unknown")
     base_model = PRESETS[target].hub_id if target in PRESETS else target
@@ -39,9 +39,9 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
         "## Use",
         "",
         "```python",
-        "from adaflash_hf import AdaFlashDrafter, enable_adaflash, load_target",
+        "from adaflash_hf import enable_adaflash, load_drafter, load_target",
         f'target, tokenizer = load_target("{target}")',
-        f'drafter = AdaFlashDrafter.from_pretrained("{repo_id or "path/to/this/folder"}").to(target.dtype)',
+        f'drafter = load_drafter("{repo_id or "path/to/this/folder"}", target)  # also attaches datastore.safetensors',
         "enable_adaflash(target)",
         "out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=128)",
         "```",
@@ -54,11 +54,14 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
         f"- {config['num_hidden_layers']} draft layer(s), hidden size {config['hidden_size']}, block size "
         f"{config['block_size']}, mask token id {config['mask_token_id']}, context from target layers {config['target_layer_ids']}",
         "- the target's embeddings and lm_head are used at run time and are not stored here",
+        *_draft_data_lines(config, draft_data),
         "",
         "## Training",
         "",
         f"- data: {json.dumps(summary.get('data_sizes'))}",
         f"- steps: {summary.get('steps')}, supervised tokens seen: {summary.get('supervised_tokens_seen')}",
+        *([f"- continued from `{recipe['init_from']}` (held-out tau {summary['held_out_at_init']['tau']:.3f} at step 0 "
+           "on this run's eval split)"] if recipe.get("init_from") and summary.get("held_out_at_init") else []),
         _wall_time_line(summary),
         "",
         "Reproduce with:",
@@ -97,6 +100,18 @@ def render_model_card(config: dict, summary: dict, bench: dict | None = None, re
     return "\n".join(lines)
 
 
+def _draft_data_lines(config: dict, draft_data: dict | None) -> list[str]:
+    lines = []
+    if config.get("draft_vocab_size"):
+        coverage = f", covering {draft_data['heldout_coverage']:.2%} of held-out target output tokens" if draft_data else ""
+        lines.append(f"- reduced draft vocabulary: the {config['draft_vocab_size']} most frequent target output tokens{coverage} "
+                     "(logits only over these; verification stays over the full vocabulary, so decoding stays lossless)")
+    if draft_data and draft_data.get("datastore_tokens"):
+        lines.append(f"- `datastore.safetensors`: {draft_data['datastore_tokens']} tokens of the target's own greedy responses to "
+                     "training prompts, used by the engine's `datastore` draft source (suffix matches)")
+    return lines
+
+
 def _wall_time_line(summary: dict) -> str:
     wall, data, train = (summary.get(k, 0.0) for k in ("wall_minutes", "data_minutes", "train_minutes"))
     if wall < train:  # summaries written before the trainer summed wall time over resumed processes
@@ -115,6 +130,7 @@ def write_model_card(folder: str | Path, bench_json: str | Path | None = None, r
     config = json.loads((folder / "config.json").read_text())
     summary = json.loads(summary_path.read_text())
     bench = json.loads(Path(bench_json).read_text()) if bench_json else None
+    draft_data = json.loads((folder / "draft_vocab.json").read_text()) if (folder / "draft_vocab.json").is_file() else None
     card = folder / "README.md"
-    card.write_text(render_model_card(config, summary, bench, repo_id, notes))
+    card.write_text(render_model_card(config, summary, bench, repo_id, notes, draft_data))
     return card

@@ -115,6 +115,18 @@ def test_model_card_carries_metadata_results_and_command(model_dirs, tmp_path):
     assert card.startswith("---\nlibrary_name: adaflash-hf\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct")
     assert "tau 1.800" in card and "30.0 tok/s speculative vs 20.0" in card
     assert "adaflash train-drafter --output-dir runs/x" in card and "--num-anchors 128" in card
+    assert "draft vocabulary" not in card and "datastore.safetensors" not in card
+
+    config = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 16}))
+    (drafter / "draft_vocab.json").write_text(json.dumps({"heldout_coverage": 0.975, "datastore_tokens": 1234}))
+    summary["recipe"]["init_from"] = "auto"
+    summary["held_out_at_init"] = {"tau": 1.5}
+    (drafter / "training_summary.json").write_text(json.dumps(summary))
+    card = write_model_card(drafter).read_text()
+    assert "the 16 most frequent target output tokens, covering 97.50%" in card
+    assert "1234 tokens of the target's own greedy responses" in card
+    assert "continued from `auto` (held-out tau 1.500 at step 0" in card
 
 
 def test_explain_difference_reports_the_logit_gap(capsys):
