@@ -115,7 +115,7 @@ def test_model_card_carries_metadata_results_and_command(model_dirs, tmp_path):
     assert card.startswith("---\nlibrary_name: adaflash-hf\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct")
     assert "tau 1.800" in card and "30.0 tok/s speculative vs 20.0" in card
     assert "adaflash train-drafter --output-dir runs/x" in card and "--num-anchors 128" in card
-    assert "draft vocabulary" not in card and "datastore.safetensors" not in card
+    assert "reduced draft vocabulary" not in card and "greedy responses to training prompts" not in card
 
     config = json.loads((drafter / "config.json").read_text())
     (drafter / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 16}))
