@@ -180,3 +180,12 @@ def test_draft_vocabulary_from_counts_covers_what_it_counted():
     assert coverage(vocab, counts) == pytest.approx(4 / 5)
     assert most_frequent(counts, 5, vocab_size=20).tolist() == [0, 1, 3, 7, 9]  # unseen ids fill up
     assert coverage(most_frequent(counts, 20, vocab_size=20), counts) == 1.0
+
+
+def test_a_corrupt_datastore_gets_a_clear_error(tmp_path):
+    bad = tmp_path / "datastore.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(OSError, match="cannot be read.*prepare-drafter"):
+        load_datastore(bad)
+    save_datastore([[1, 2, 3]], bad)
+    assert load_datastore(bad).num_tokens == 3

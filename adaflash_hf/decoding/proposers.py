@@ -295,9 +295,16 @@ def default_drafting_state(target: torch.nn.Module) -> DraftingState:
 
 def load_datastore(path: str | Path, max_n: int = 4) -> NGramIndex:
     """An :class:`NGramIndex` over the token streams of a ``datastore.safetensors`` file (``tokens``, ``lengths``)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+        if {"tokens", "lengths"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["tokens"].numel():
+            raise ValueError("it needs a flat 'tokens' tensor and the 'lengths' of its streams, summing to its size")
+    except (SafetensorError, ValueError) as error:
+        raise OSError(f"The datastore {path} cannot be read ({error}): download or build it again "
+                      "(adaflash prepare-drafter), or delete it to draft without one.") from error
     index = NGramIndex(max_n)
     for stream in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()):
         index.start_stream(stream.tolist())
