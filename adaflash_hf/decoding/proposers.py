@@ -237,8 +237,10 @@ class DraftingState:
     """What drafting learns across requests of one process: acceptance rates and the global index.
 
     Pass one instance to several ``generate`` calls (the default is one per target model, see
-    :func:`drafting_state`); use separate instances to keep runs independent (e.g. in a benchmark).
+    :func:`default_drafting_state`); use separate instances to keep runs independent (e.g. in a benchmark).
     """
+
+    EXPLORE_EVERY = 8  # rounds after which the drafter runs even when it does not seem to pay
 
     def __init__(self, config: DraftingConfig | None = None):
         self.config = config or DraftingConfig()
@@ -249,8 +251,6 @@ class DraftingState:
         self.drafter_value: float | None = None  # moving average of drafts a drafter block got accepted
         self.drafter_seconds: float | None = None  # moving average of one drafter pass
         self.rounds_since_drafter = 0
-
-    EXPLORE_EVERY = 8  # rounds after which the drafter runs even when it does not seem to pay
 
     def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None) -> None:
         """Feed one round's measured costs: the verification forward and, if it ran, the drafter."""
@@ -279,8 +279,7 @@ class DraftingState:
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add a finished request (prompt and output) to the global index."""
-        if self.config.global_index:
-            self.global_index.start_stream(tokens)
+        self.global_index.start_stream(tokens)
 
 
 _DEFAULT_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -347,7 +346,9 @@ class HybridProposer:
             self.rows[row].extend(tokens)
 
     def finish_row(self, row: int) -> None:
-        self.state.remember(self.history.pop(row))
+        history = self.history.pop(row)
+        if self.config.global_index:
+            self.state.remember(history)
         self.rows.pop(row, None)
 
     def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None) -> Proposal:
