@@ -81,7 +81,7 @@ class PrepareDrafterConfig:
             raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
 
 
-SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
+SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
 
 
 @torch.no_grad()
@@ -138,9 +138,10 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     for row in table:
         print(f"{row['size']:>7} {row['heldout_coverage']:>18.4f}")
     size = config.size or next(r["size"] for r in table if r["heldout_coverage"] >= config.min_coverage or r["size"] == vocab_size)
-    if size >= vocab_size:
-        raise SystemExit(f"error: no draft vocabulary smaller than the whole ({vocab_size}) reaches held-out coverage "
-                         f"{config.min_coverage}; generate more data or pass --size / a lower --min-coverage.")
+    if size >= vocab_size and config.size is None and len(table) > 1:  # keep the counting's work: take the largest tried size
+        size = table[-2]["size"]
+        print(f"note: no size below the whole vocabulary reaches held-out coverage {config.min_coverage} with this much data; "
+              f"using {size} ({table[-2]['heldout_coverage']:.2%}). Count more tokens, or pass --size.")
     drafter.set_draft_vocab(most_frequent(counts, size, vocab_size, always))
     out = Path(config.output_dir)
     drafter.save_pretrained(out)
