@@ -113,8 +113,9 @@ def run_generate(args: GenerateArgs) -> int:
                    tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
     seconds = time.perf_counter() - start
     n = out.num_new_tokens[0]
+    sources = ", ".join(f"{s} {r}" for s, (r, _) in sorted(out.stats.source_counts().items()))
     print(f"\n[adaflash] {n} tokens in {seconds:.2f}s = {n / seconds:.1f} tok/s | tau {out.mean_accepted_length:.2f} | "
-          f"accept rate {out.accept_rate:.2f} | {out.stats.num_rounds} rounds", file=sys.stderr)
+          f"accept rate {out.accept_rate:.2f} | {out.stats.num_rounds} rounds ({sources})", file=sys.stderr)
     if args.compare_plain:
         start = time.perf_counter()
         plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
