@@ -85,7 +85,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._cached_len = 0  # target tokens whose features are in the drafter cache
         self._waiting: list[torch.Tensor] = []  # features of later tokens, not yet read by the drafter
         self._known = 0  # tokens of the sequence already in the proposer's history
-        self._pending: tuple | None = None  # (drafts, source, draft_time, verify_start, drafter_ran) of the open round
+        self._pending: tuple | None = None  # (drafts, source, draft_time, verify_start, drafter_seconds) of the open round
 
     @torch.inference_mode()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs):
@@ -108,12 +108,14 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             mask = torch.ones_like(input_ids)
 
         def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+            tick = time.perf_counter()
             context = torch.cat(self._waiting, dim=1)
             positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
             drafted["hidden"] = draft_block(self.drafter, self.embed, input_ids[:, -1], context, positions[:, self._cached_len : processed],
                                             positions[:, -1], mask[:, :processed], self.cache)
             self._cached_len, self._waiting = processed, []
             tokens, top_probs, _ = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
+            drafted["seconds"] = time.perf_counter() - tick
             return tokens, top_probs
 
         proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)
@@ -121,10 +123,10 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden)[0]) if proposal.tokens.shape[1] else 1
         num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
         if num_drafts <= 0:
-            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), self.proposer.drafter_ran)
+            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), drafted.get("seconds"))
             return input_ids, None
         draft_tokens = proposal.tokens[:, :num_drafts].to(input_ids.device)  # (1, g)
-        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(), self.proposer.drafter_ran)
+        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(), drafted.get("seconds"))
         # Deterministic drafts are exact one-hot proposals: returning no logits makes transformers verify
         # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
@@ -136,12 +138,12 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._known = input_ids.shape[1]
         if self._pending is None:
             return
-        num_drafts, source, draft_time, verify_start, drafter_ran = self._pending
+        num_drafts, source, draft_time, verify_start, drafter_seconds = self._pending
         verify_time = time.perf_counter() - verify_start
         num_matches = min(int(num_matches), num_drafts)
         self.stats.add_round(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time, [source]))
         self.policy.update(torch.tensor([num_matches]), torch.tensor([num_drafts + 1]), verify_time)
-        self.state.observe_round(num_drafts + 1, verify_time, draft_time if drafter_ran else None)
+        self.state.observe_round(num_drafts + 1, verify_time, drafter_seconds)
         self._pending = None
 
     def finish(self) -> None:

@@ -159,7 +159,7 @@ def generate(
     layer_ids = drafter.config.target_layer_ids if use_drafter else []
     hidden_request = [i + 1 for i in layer_ids] if use_drafter else None
     embed = target.get_input_embeddings()
-    head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab if use_drafter else None) if use_drafter else None
+    head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if use_drafter else None
     vocab_size = target.get_output_embeddings().weight.shape[0]
     proposer = HybridProposer(state, drafting, drafter.config.block_size if use_drafter else None, getattr(drafter, "adaflash_datastore", None))
     device = input_ids.device
@@ -202,9 +202,11 @@ def generate(
         drafted: dict[str, torch.Tensor] = {}
 
         def run_drafter(drafted: dict = drafted) -> tuple[torch.Tensor, torch.Tensor]:
+            tick = timer(device)
             drafted["hidden"] = draft_block(drafter, embed, rows.last_token, rows.pending_hidden, rows.pending_pos,
                                             rows.next_pos, rows.slot_mask, draft_cache)
             tokens, top_probs, drafted["logits"] = top_probs_and_tokens(head, drafted["hidden"][:, 1:])
+            drafted["seconds"] = timer(device) - tick
             return tokens, top_probs
 
         proposal = proposer.propose(rows.ids, run_drafter if use_drafter else None)
@@ -248,7 +250,7 @@ def generate(
         rows.slot_mask = torch.cat([rows.slot_mask, (kept <= accept_lengths[:, None]).long()], dim=1)
         if use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
             new_hidden = context_features(out.hidden_states, layer_ids)[:, :keep]
-            if proposer.drafter_ran:
+            if draft_hidden is not None:
                 rows.pending_hidden, rows.pending_pos = new_hidden, verify_pos[:, :keep]
             else:
                 rows.pending_hidden = torch.cat([rows.pending_hidden, new_hidden], dim=1)
@@ -259,7 +261,7 @@ def generate(
         # 5. Update policy, acceptance estimates, statistics and streams; retire finished rows.
         accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
         policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, verify_time)
-        state.observe_round(len(accepted_list) * (g + 1), verify_time, draft_time if proposer.drafter_ran else None)
+        state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"))
         sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
         stats.add_round(RoundStats(list(rows.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources))
         accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1).tolist()

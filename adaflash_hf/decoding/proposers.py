@@ -331,7 +331,6 @@ class HybridProposer:
         self.rows: dict[int, NGramIndex] = {}  # per-request suffix index over prompt + output
         self.history: dict[int, list[int]] = {}
         self._options: dict[int, list[tuple[str, list[int], list[tuple]]]] = {}  # this round's candidates per row
-        self.drafter_ran = False  # whether this round's proposal ran the drafter
 
     def add_row(self, row: int, tokens: Sequence[int]) -> None:
         self.history[row] = list(tokens)
@@ -370,11 +369,9 @@ class HybridProposer:
             if self.datastore is not None:
                 options.append(("datastore", *self.datastore.propose(history, self.config.max_suffix_tokens)))
             options_per_row.append(options)
-        self.drafter_ran = False
         if run_drafter is not None:
             best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
             if self.state.drafter_pays(best_other, len(row_ids) * (self.max_len + 1)):
-                self.drafter_ran = True
                 block_tokens, block_probs = (t.tolist() for t in run_drafter())
                 for i, options in enumerate(options_per_row):
                     features = [drafter_feature(k, p) for k, p in enumerate(block_probs[i])]
