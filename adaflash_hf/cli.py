@@ -30,10 +30,23 @@ class GenerateArgs:
     max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA or where this CPU's bf16 matmuls measure faster than fp32, else fp32), bf16 or fp32."})
     verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most expected tokens per second."})
+    sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
     seed: int = field(default=0, metadata={"help": "Seed for sampling."})
     compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
     raw: bool = field(default=False, metadata={"help": "Use the prompt as raw text, without the chat template."})
+
+    def __post_init__(self):
+        self.drafting()  # validate --sources early
+
+    def drafting(self):
+        from .decoding.proposers import SOURCES, DraftingConfig
+
+        chosen = {s.strip() for s in self.sources.split(",") if s.strip()}
+        if not chosen or chosen - set(SOURCES):
+            raise ValueError(f"--sources {self.sources!r}: choose one or more of {', '.join(SOURCES)}.")
+        return DraftingConfig(drafter="drafter" in chosen, suffix="suffix" in chosen, global_index="global" in chosen,
+                              datastore="datastore" in chosen)
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
@@ -109,7 +122,7 @@ def run_generate(args: GenerateArgs) -> int:
         target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, pad_token_id=tokenizer.pad_token_id, **sampling)
     start = time.perf_counter()
     out = generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                   verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None,
+                   verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None, drafting=args.drafting(),
                    tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
     seconds = time.perf_counter() - start
     n = out.num_new_tokens[0]

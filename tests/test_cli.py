@@ -31,6 +31,13 @@ def test_generate_command_streams_and_compares(model_dirs, capsys):
     err = capsys.readouterr().err
     assert code == 0
     assert "tau" in err and "identical output: True" in err
+    code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w5 w6 w5",
+                 "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain", "--sources", "suffix"])
+    err = capsys.readouterr().err
+    assert code == 0 and "identical output: True" in err and "drafter" not in err.split("rounds (")[1].split(")")[0]
+    with pytest.raises(SystemExit):
+        main(["generate", "--target", str(target), "--sources", "drafter,medusa"])
+    assert "choose one or more of drafter, suffix, global, datastore" in capsys.readouterr().err
 
 
 def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
