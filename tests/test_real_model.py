@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaflash_hf import enable_adaflash, generate, load_target
+from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, enable_adaflash, generate, load_target
 from adaflash_hf.drafters import load_drafter
 
 pytestmark = pytest.mark.real_model
@@ -48,5 +48,7 @@ def test_bundled_drafter_accepts_on_held_out_prompts(smollm2):
     taus = []
     for prompt in prompts:
         ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)])
-        taus.append(generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=64).mean_accepted_length)
+        taus.append(generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=64, drafting=DraftingConfig.only("drafter"),
+                             verify_policy=FixedVerifyLength(), drafting_state=DraftingState()).mean_accepted_length)
     assert sum(taus) / len(taus) > 1.3, taus  # measured 1.4-1.8 for the shipped drafter; an untrained one gives ~1.0
+    assert drafter.config.draft_vocab_size == 32768 and drafter.adaflash_datastore.num_tokens > 100_000  # shipped with it
