@@ -25,12 +25,14 @@ def bundled_drafter_path(target_name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | None = None) -> AdaFlashDrafter:
+def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | None = None, datastore: bool = True) -> AdaFlashDrafter:
     """Resolve ``name_or_path`` to a drafter on the target's device and dtype.
 
     ``"auto"``: the bundled drafter for preset ``target_name``, else a fresh (untrained) one;
     ``"fresh"``: a randomly initialised drafter sized for ``target`` (lossless, but accepts little);
     anything else: a local folder or Hub id passed to ``AdaFlashDrafter.from_pretrained``.
+    With ``datastore`` (default), the folder's ``datastore.safetensors`` is indexed and attached as
+    ``drafter.adaflash_datastore`` for the engine's ``datastore`` draft source; training skips it.
     """
     if name_or_path == "auto":
         path = bundled_drafter_path(target_name) if target_name else None
@@ -43,10 +45,10 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
         drafter = AdaFlashDrafter.from_target(target)
     else:
         drafter = AdaFlashDrafter.from_pretrained(name_or_path)
-        datastore = _datastore_file(name_or_path)
-        if datastore is not None:
-            drafter.adaflash_datastore = load_datastore(datastore)
-            logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, datastore)
+        path = _datastore_file(name_or_path) if datastore else None
+        if path is not None:
+            drafter.adaflash_datastore = load_datastore(path)
+            logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path)
     return drafter.to(device=target.device, dtype=target.dtype).eval()
 
 

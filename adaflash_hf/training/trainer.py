@@ -484,7 +484,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     if config.init_from is not None:  # continue from a trained drafter: its architecture, its weights
         from ..drafters import load_drafter
 
-        drafter = load_drafter(config.init_from, target, target_name=config.target).float().requires_grad_(True)
+        drafter = load_drafter(config.init_from, target, target_name=config.target, datastore=False).float().requires_grad_(True)
         if drafter.config.block_size != config.block_size:
             raise ValueError(f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
                              f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}.")

@@ -114,7 +114,7 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     from ..targets import load_target
 
     target, tokenizer = load_target(config.target, dtype="bf16")
-    drafter = load_drafter(config.drafter, target, target_name=config.target)
+    drafter = load_drafter(config.drafter, target, target_name=config.target, datastore=False)  # rebuilt here
     train = read_cached_sequences(Path(config.data_dir) / "train") if config.data_dir else []
     responses = [s.input_ids[s.start :].tolist() for s in train]
     if not train and not config.corpus_tokens:
