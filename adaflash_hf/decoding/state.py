@@ -1,0 +1,476 @@
+"""The decoding state of a batch whose rows join and leave between rounds: prefill, step, add, drop.
+
+:class:`SpeculativeBatch` is the engine's reusable core. ``generate`` adds every prompt once and
+steps until the batch is empty; the serving scheduler adds requests as they arrive, steps, and drops
+rows that finish or are cancelled. Every row has its own sampling parameters, stop ids and budget.
+
+Cache layout. Target and drafter caches are rectangular (b, slots); ``slot_mask`` (b, slots) marks
+the slots that hold accepted tokens. Position ids are tracked per row, so a row's masked "holes"
+(left padding, drafts it rejected while another row accepted more, slots added when rows joined)
+change nothing in exact arithmetic. The drafter's cache mirrors the target's first ``D`` slots; the
+target features of the remaining slots are ``pending`` (the drafter reads them the next time it runs).
+
+Joining rows are prefilled on their own, then both sides are re-laid out around the drafter
+boundary: ``[D cached slots | pending slots]`` with holes on the left of each part. Holes are
+squeezed out ("compaction") when they make up a large share of the cache, with one gather per layer.
+
+Round: propose (drafter block, suffix matches) -> choose verify lengths -> verify -> accept -> crop ->
+update policy, acceptance estimates and statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .._compat import CACHE_KWARG
+from .cost import timer
+from .outputs import RoundStats
+from .policy import GoodputVerifyLength, VerifyLengthPolicy
+from .proposers import (
+    NONE,
+    DraftHead,
+    DraftingConfig,
+    DraftingState,
+    HybridProposer,
+    default_drafting_state,
+    top_probs_and_tokens,
+)
+from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_accept, sample
+
+GREEDY = SamplingParams()
+
+
+@dataclass
+class RowSpec:
+    """One sequence to decode: its id (any hashable, unique in the batch), prompt and stopping rules."""
+
+    row_id: Hashable
+    prompt_ids: Sequence[int]
+    max_new_tokens: int
+    params: SamplingParams = GREEDY
+    stop_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class RowUpdate:
+    """Tokens a row gained in one call of :meth:`SpeculativeBatch.add_rows` or :meth:`~SpeculativeBatch.step`.
+
+    finish_reason: None while the row runs, "stop" after a stop id (included in ``tokens``), "length"
+    at its token budget. source: where this round's accepted drafts came from ("prefill" for the
+    first token).
+    """
+
+    row_id: Hashable
+    tokens: list[int]
+    finish_reason: str | None
+    source: str
+
+
+def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the selected target layers: hidden_states[i + 1] is layer i's output -> (b, T, n*H)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_mask, cache) -> torch.Tensor:
+    """One drafter pass over ``[anchor, MASK x (B-1)]`` per row; returns (b, B, H) hidden states.
+
+    anchors (b,) newest tokens; context (b, s, n*H) target features not yet in the drafter cache, at
+    positions context_pos (b, s); anchor_pos (b,) the anchors' positions; key_mask (b, cached + s)
+    marks valid context slots. The block's keys/values are cropped back off ``cache`` afterwards.
+    """
+    block_size = drafter.config.block_size
+    block_ids = torch.full((anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device)
+    block_ids[:, 0] = anchors
+    block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchors.device)
+    out = drafter(
+        noise_embeds=embed(block_ids),
+        context_hidden_states=context,
+        position_ids=torch.cat([context_pos, block_pos], dim=1),
+        attention_mask=torch.cat([key_mask, torch.ones_like(block_ids)], dim=1),
+        cache=cache,
+    )
+    cache.crop(-block_size)  # keep the context, drop the block
+    return out.last_hidden_state
+
+
+def relayout_cache(cache: DynamicCache, index: torch.Tensor) -> None:
+    """Rebuild every layer as ``new[i, :, j] = old[i, :, index[i, j]]``; index -1 makes a zero (masked) slot."""
+    holes = index < 0
+    gather = index.clamp_min(0)
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            old = getattr(layer, name)
+            b, h, _, d = old.shape
+            new = old.gather(2, gather[:, None, :, None].expand(b, h, gather.shape[1], d))
+            setattr(layer, name, new.masked_fill(holes[:, None, :, None], 0))
+
+
+def packed_index(mask: torch.Tensor) -> torch.Tensor:
+    """(b, S) 0/1 mask -> (b, S') indices of each row's valid slots, right-aligned, -1 padding on the left."""
+    counts = mask.sum(-1)
+    width = int(counts.max()) if mask.numel() else 0
+    index = torch.full((mask.shape[0], width), -1, dtype=torch.long, device=mask.device)
+    for i in range(mask.shape[0]):
+        valid = mask[i].nonzero().flatten()
+        if len(valid):
+            index[i, width - len(valid):] = valid
+    return index
+
+
+def shifted_index(batch: int, length: int, offset: int, device) -> torch.Tensor:
+    """(batch, offset + length) indices: ``offset`` holes, then slots 0..length-1."""
+    index = torch.arange(-offset, length, device=device).expand(batch, -1).clone()
+    index[:, :offset] = -1
+    return index
+
+
+def pad_left(tensor: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    """Left-pad dim 1 of a (b, s, ...) tensor with zeros to ``width``."""
+    if tensor is None or tensor.shape[1] == width:
+        return tensor
+    pad = tensor.new_zeros((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]))
+    return torch.cat([pad, tensor], dim=1)
+
+
+class SpeculativeBatch:
+    """Rows decoding together with lossless speculative decoding; rows can join and leave between rounds.
+
+    Args:
+        target: the causal LM whose output distribution is reproduced exactly.
+        drafter: an AdaFlash drafter for ``target``, or None to draft from suffix matches only.
+        drafting: which draft sources rows may use (default: the drafting state's).
+        drafting_state: acceptance statistics, the global suffix index and the measured verify cost,
+            shared across batches (default: one per target model).
+        verify_policy: chooses verify lengths per round (default: the state's goodput policy).
+        draft_sampling: for sampled rows, sample the drafter's drafts from its distribution (exact
+            with min(1, p/q)); otherwise drafts are deterministic (also exact).
+        generator: torch RNG for sampling.
+        on_round: called with each round's :class:`RoundStats` (and once per join with the prefill time).
+        compact_min_slots: squeeze holes out of the caches once they exceed half of at least this many slots.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter=None,
+        *,
+        drafting: DraftingConfig | None = None,
+        drafting_state: DraftingState | None = None,
+        verify_policy: VerifyLengthPolicy | None = None,
+        draft_sampling: bool = False,
+        generator: torch.Generator | None = None,
+        on_round: Callable[[RoundStats], None] | None = None,
+        compact_min_slots: int = 256,
+    ):
+        self.target, self.drafter = target, drafter
+        self.state = drafting_state or default_drafting_state(target)
+        self.drafting = drafting or self.state.config
+        self.use_drafter = drafter is not None and self.drafting.drafter
+        self.policy = verify_policy or self.state.policy
+        if isinstance(self.policy, GoodputVerifyLength) and self.policy.cost_model is None:
+            self.policy.cost_model = self.state.cost_model
+        self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
+        self.compact_min_slots = compact_min_slots
+        self.layer_ids = drafter.config.target_layer_ids if self.use_drafter else []
+        self.hidden_request = [i + 1 for i in self.layer_ids] if self.use_drafter else None
+        self.embed = target.get_input_embeddings()
+        self.head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if self.use_drafter else None
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        block_size = drafter.config.block_size if self.use_drafter else None
+        self.proposer = HybridProposer(self.state, self.drafting, block_size, getattr(drafter, "adaflash_datastore", None))
+        self.device = next(target.parameters()).device
+        self.prefill_time = 0.0
+        self._empty()
+
+    def _empty(self) -> None:
+        self.ids: list[Hashable] = []
+        self.specs: dict[Hashable, RowSpec] = {}
+        self.num_new: dict[Hashable, int] = {}
+        self.target_cache, self.draft_cache = DynamicCache(), DynamicCache()
+        self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, S) 1 where a slot holds a token
+        self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
+        self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
+        self.pending_hidden: torch.Tensor | None = None  # (b, s, n*H) target features not yet in the drafter cache
+        self.pending_pos = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, s) their positions
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_slots(self) -> int:
+        return self.slot_mask.shape[1]
+
+    # ----------------------------------------------------------------------------------------------
+    # add / drop
+    @torch.inference_mode()
+    def add_rows(self, specs: Sequence[RowSpec]) -> list[RowUpdate]:
+        """Prefill new rows (one batched target forward) and merge them into the batch.
+
+        Returns each new row's first token. Rows that finish on it (a stop id, or a budget of one
+        token) are not kept.
+        """
+        if not specs:
+            return []
+        clash = [s.row_id for s in specs if s.row_id in self.specs] + [
+            s.row_id for i, s in enumerate(specs) if s.row_id in {t.row_id for t in specs[:i]}]
+        if clash:
+            raise ValueError(f"row ids {clash} are already in the batch; give each row a unique id.")
+        for spec in specs:
+            if spec.max_new_tokens < 1 or not len(spec.prompt_ids):
+                raise ValueError(f"row {spec.row_id!r}: needs a non-empty prompt and max_new_tokens >= 1.")
+        start = timer(self.device)
+        width = max(len(s.prompt_ids) for s in specs)
+        input_ids = torch.zeros(len(specs), width, dtype=torch.long, device=self.device)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, spec in enumerate(specs):
+            input_ids[i, width - len(spec.prompt_ids):] = torch.as_tensor(list(spec.prompt_ids), dtype=torch.long)
+            attention_mask[i, width - len(spec.prompt_ids):] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache()
+        out = self.target(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True, **{CACHE_KWARG: cache},
+        )
+        first = self._choose(out.logits[:, -1], [s.params for s in specs])
+        pending = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
+        self._merge(specs, cache, attention_mask, position_ids[:, -1] + 1, first, pending, position_ids)
+        seconds = timer(self.device) - start
+        self.prefill_time += seconds
+        for spec in specs:
+            self.proposer.add_row(spec.row_id, list(spec.prompt_ids))
+        updates = self._emit([s.row_id for s in specs], [[t] for t in first.tolist()], ["prefill"] * len(specs))
+        self._drop_finished(updates)
+        return updates
+
+    def _merge(self, specs, cache, mask, next_pos, last_token, pending, pending_pos) -> None:
+        for spec in specs:
+            self.specs[spec.row_id] = spec
+            self.num_new[spec.row_id] = 0
+        if not self.ids:
+            self.ids = [s.row_id for s in specs]
+            self.target_cache, self.draft_cache = cache, DynamicCache()
+            self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
+            self.pending_hidden, self.pending_pos = pending, pending_pos
+            return
+        self._compact()
+        b_old, b_new, length = len(self.ids), len(specs), mask.shape[1]
+        if self.use_drafter:
+            cached = self.draft_cache.get_seq_length()
+            s_old = self.num_slots - cached
+            s = max(s_old, length)
+            # old rows: [cached | s - s_old holes | pending]; new rows: [cached + s - length holes | prompt]
+            old_index = torch.cat([torch.arange(cached, device=self.device).expand(b_old, -1),
+                                   shifted_index(b_old, s_old, s - s_old, self.device) + cached], dim=1)
+            old_index[:, cached:cached + s - s_old] = -1
+            new_index = shifted_index(b_new, length, cached + s - length, self.device)
+            if cached:  # new rows join the drafter cache as holes
+                _append_rows(self.draft_cache, b_new)
+            self.pending_hidden = torch.cat([pad_left(self.pending_hidden, s), pad_left(pending, s)], dim=0)
+            self.pending_pos = torch.cat([pad_left(self.pending_pos, s), pad_left(pending_pos, s)], dim=0)
+        else:
+            total = max(self.num_slots, length)
+            old_index = shifted_index(b_old, self.num_slots, total - self.num_slots, self.device)
+            new_index = shifted_index(b_new, length, total - length, self.device)
+        relayout_cache(self.target_cache, old_index)
+        relayout_cache(cache, new_index)
+        for mine, theirs in zip(self.target_cache.layers, cache.layers):
+            mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
+            mine.values = torch.cat([mine.values, theirs.values], dim=0)
+        self.slot_mask = torch.cat([_take(self.slot_mask, old_index), _take(mask.long(), new_index)], dim=0)
+        self.next_pos = torch.cat([self.next_pos, next_pos])
+        self.last_token = torch.cat([self.last_token, last_token])
+        self.ids = self.ids + [s.row_id for s in specs]
+
+    def drop_rows(self, row_ids: Sequence[Hashable]) -> None:
+        """Remove rows (finished or cancelled) from the batch and both caches; unknown ids are ignored."""
+        gone = set(row_ids) & set(self.ids)
+        if not gone:
+            return
+        for row in gone:
+            self.specs.pop(row)
+            self.num_new.pop(row)
+            self.proposer.finish_row(row)
+        keep = [i for i, row in enumerate(self.ids) if row not in gone]
+        if not keep:
+            self._empty()
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.ids = [self.ids[i] for i in keep]
+        self.slot_mask, self.next_pos, self.last_token = (t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token))
+        self.pending_pos = self.pending_pos.index_select(0, index)
+        if self.pending_hidden is not None:
+            self.pending_hidden = self.pending_hidden.index_select(0, index)
+        self.target_cache.batch_select_indices(index)
+        if self.draft_cache.get_seq_length():
+            self.draft_cache.batch_select_indices(index)
+
+    def _compact(self, force: bool = True) -> None:
+        """Squeeze holes out of the drafter-cached part of the caches (all slots without a drafter)."""
+        cached = self.draft_cache.get_seq_length() if self.use_drafter else self.num_slots
+        if cached == 0:
+            return
+        region = self.slot_mask[:, :cached]
+        holes = region.numel() - int(region.sum())
+        if not force and (cached < self.compact_min_slots or holes * 2 < region.numel()):
+            return
+        if holes == 0:
+            return
+        index = packed_index(region)
+        rest = torch.arange(cached, self.num_slots, device=self.device).expand(len(self.ids), -1)
+        if self.use_drafter:
+            relayout_cache(self.draft_cache, index)
+        relayout_cache(self.target_cache, torch.cat([index, rest], dim=1))
+        self.slot_mask = torch.cat([_take(region, index), self.slot_mask[:, cached:]], dim=1)
+
+    # ----------------------------------------------------------------------------------------------
+    # one round
+    @torch.inference_mode()
+    def step(self) -> list[RowUpdate]:
+        """One draft -> verify round for every row; returns what each row gained."""
+        if not self.ids:
+            return []
+        self._compact(force=False)
+        device = self.device
+        start = timer(device)
+        drafted: dict[str, torch.Tensor | float] = {}
+
+        def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+            tick = timer(device)
+            drafted["hidden"] = draft_block(self.drafter, self.embed, self.last_token, self.pending_hidden, self.pending_pos,
+                                            self.next_pos, self.slot_mask, self.draft_cache)
+            tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
+            drafted["seconds"] = timer(device) - tick
+            return tokens, top_probs
+
+        proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None)
+        draft_hidden, draft_logits = drafted.get("hidden"), drafted.get("logits")
+        if draft_hidden is not None:  # the drafter read the pending context into its cache
+            self.pending_hidden = self.pending_hidden[:, :0]
+            self.pending_pos = self.pending_pos[:, :0]
+        budget = torch.tensor([self.specs[r].max_new_tokens - self.num_new[r] for r in self.ids])
+        verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden).cpu().clamp(1, proposal.tokens.shape[1] + 1)
+        num_drafts = torch.minimum(torch.minimum(verify_lens - 1, proposal.lengths), budget - 1).clamp_min(0)
+        g = int(num_drafts.max())
+        draft_tokens = proposal.tokens[:, :g].to(device)
+        params = [self.specs[r].params for r in self.ids]
+        sampled = [i for i, p in enumerate(params) if p.do_sample]
+        draft_probs = None
+        if sampled and self.draft_sampling and g:
+            draft_tokens, draft_probs = self._sample_drafter_rows(proposal.sources, draft_tokens, draft_logits, params)
+        num_drafts = num_drafts.to(device)
+        draft_time = timer(device) - start
+
+        # Verify: one target pass over [anchor, drafts] for every row.
+        start = timer(device)
+        verify_ids = torch.cat([self.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
+        verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
+        out = self.target(
+            input_ids=verify_ids, position_ids=verify_pos,
+            attention_mask=torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1),
+            output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+        )
+        accept_lengths, next_tokens = self._accept(draft_tokens, out.logits, num_drafts, draft_probs, params, sampled)
+        verify_time = timer(device) - start
+
+        # Crop: keep slots up to the best row's acceptance; the rest of each row becomes a hole.
+        keep = int(accept_lengths.max()) + 1
+        if keep < g + 1:
+            self.target_cache.crop(keep - g - 1)
+        kept = torch.arange(keep, device=device)[None]
+        self.slot_mask = torch.cat([self.slot_mask, (kept <= accept_lengths[:, None]).long()], dim=1)
+        if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
+            self.pending_hidden = torch.cat([self.pending_hidden, context_features(out.hidden_states, self.layer_ids)[:, :keep]], dim=1)
+            self.pending_pos = torch.cat([self.pending_pos, verify_pos[:, :keep]], dim=1)
+        self.next_pos = self.next_pos + accept_lengths + 1
+        self.last_token = next_tokens
+
+        # Learn from the round, then hand out the tokens.
+        accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
+        self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, verify_time)
+        self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"))
+        sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
+        if self.on_round is not None:
+            self.on_round(RoundStats(list(self.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources))
+        accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1).tolist()
+        chunks = [accepted[i][:n] + [t] for i, (n, t) in enumerate(zip(accepted_list, next_tokens.tolist()))]
+        self.proposer.record(self.ids, chunks)
+        updates = self._emit(list(self.ids), chunks, sources)
+        self._drop_finished(updates)
+        return updates
+
+    def _choose(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """(b, V) logits -> (b,) next tokens, each row with its own sampling parameters."""
+        tokens = logits.max(-1).indices
+        for i, p in enumerate(params):
+            if p.do_sample:
+                tokens[i] = sample(logits_to_probs(logits[i], p), self.generator)
+        return tokens
+
+    def _accept(self, draft_tokens, logits, num_drafts, draft_probs, params, sampled):
+        """Greedy acceptance for greedy rows, rejection sampling for sampled rows (each with its own params)."""
+        if not sampled:
+            return greedy_accept(draft_tokens, logits, num_drafts)
+        accept_lengths, next_tokens = greedy_accept(draft_tokens, logits, num_drafts)
+        index = torch.tensor(sampled, device=logits.device)
+        probs = torch.stack([logits_to_probs(logits[i], params[i]) for i in sampled])
+        lengths, tokens = rejection_accept(draft_tokens[index], probs, num_drafts[index],
+                                           None if draft_probs is None else draft_probs[index], self.generator)
+        accept_lengths[index], next_tokens[index] = lengths, tokens
+        return accept_lengths, next_tokens
+
+    def _sample_drafter_rows(self, sources, draft_tokens, draft_logits, params):
+        """Sampled drafts for sampled rows that took the drafter's block; one-hot q elsewhere.
+
+        Returns draft_tokens (b, g) and draft_probs (b, g, V) over the target vocabulary, so that
+        rejection sampling with min(1, p/q) stays exact for every row.
+        """
+        g = draft_tokens.shape[1]
+        draft_probs = torch.zeros(*draft_tokens.shape, self.vocab_size, device=draft_tokens.device)
+        draft_probs.scatter_(-1, draft_tokens[..., None], 1.0)
+        if draft_logits is None:
+            return draft_tokens, draft_probs
+        draft_tokens = draft_tokens.clone()
+        for i, (source, p) in enumerate(zip(sources, params)):
+            if source == "drafter" and p.do_sample:
+                q = self.head.to_target_probs(logits_to_probs(draft_logits[i, :g], p), self.vocab_size)
+                draft_tokens[i] = sample(q, self.generator)
+                draft_probs[i] = q
+        return draft_tokens, draft_probs
+
+    def _emit(self, ids, chunks, sources) -> list[RowUpdate]:
+        """Cut each row's chunk at its first stop id and at its budget; count the tokens."""
+        updates = []
+        for row, chunk, source in zip(ids, chunks, sources):
+            spec = self.specs[row]
+            chunk = chunk[: spec.max_new_tokens - self.num_new[row]]
+            reason = None
+            for j, token in enumerate(chunk):
+                if token in spec.stop_ids:
+                    chunk, reason = chunk[: j + 1], "stop"
+                    break
+            self.num_new[row] += len(chunk)
+            if reason is None and self.num_new[row] >= spec.max_new_tokens:
+                reason = "length"
+            self.proposer.extend_row(row, chunk)
+            updates.append(RowUpdate(row, chunk, reason, source))
+        return updates
+
+    def _drop_finished(self, updates: list[RowUpdate]) -> None:
+        self.drop_rows([u.row_id for u in updates if u.finish_reason is not None])
+
+
+def _take(mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Re-lay a (b, S) mask like :func:`relayout_cache`: index -1 gives 0."""
+    return mask.gather(1, index.clamp_min(0)).masked_fill(index < 0, 0)
+
+
+def _append_rows(cache: DynamicCache, count: int) -> None:
+    """Add ``count`` all-hole rows (zeros) to every layer of ``cache``."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            old = getattr(layer, name)
+            setattr(layer, name, torch.cat([old, old.new_zeros((count, *old.shape[1:]))], dim=0))

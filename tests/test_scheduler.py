@@ -1,0 +1,129 @@
+"""The continuous-batching scheduler: concurrent requests, joins mid-generation, cancellation, back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adaflash_hf.serving.scheduler import QueueFull, RequestParams, Scheduler, SchedulerConfig
+
+from conftest import EOS, greedy_reference, random_prompts
+
+
+@pytest.fixture
+def scheduler(target, drafter):
+    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=3, max_queue=16))
+    scheduler.start()
+    yield scheduler
+    scheduler.stop()
+
+
+def test_concurrent_requests_joining_mid_generation_equal_the_target(scheduler, target):
+    prompts = random_prompts([4, 9, 6, 12, 5, 7], seed=11)
+    budgets = [14, 6, 20, 9, 17, 11]
+
+    async def client(i):
+        await asyncio.sleep(0.01 * i)  # staggered: later requests join a batch that is already decoding
+        stream = scheduler.submit(prompts[i], RequestParams(max_new_tokens=budgets[i]))
+        return await stream.collect(), stream.metrics
+
+    async def main():
+        return await asyncio.gather(*(client(i) for i in range(len(prompts))))
+
+    results = asyncio.run(main())
+    for i, ((tokens, reason), metrics) in enumerate(results):
+        reference = greedy_reference(target, prompts[i], budgets[i])[len(prompts[i]):]
+        assert tokens == reference, f"request {i}"
+        assert reason == ("stop" if reference[-1] == EOS else "length")
+        assert metrics["num_tokens"] == len(tokens) and metrics["ttft_s"] is not None
+    status = scheduler.status()
+    assert status["counters"]["finished"] == len(prompts) and status["active"] == 0 and status["queued"] == 0
+    assert status["mean_accepted_length"] >= 1.0
+
+
+def test_cancel_mid_stream_frees_the_row(scheduler, target):
+    prompts = random_prompts([5, 8], seed=2)
+
+    async def main():
+        long = scheduler.submit(prompts[0], RequestParams(max_new_tokens=200, stop_token_ids=[10_000 % 48 + 100]))
+        other = scheduler.submit(prompts[1], RequestParams(max_new_tokens=12))
+        seen = []
+        async for event in long:
+            seen.extend(event.token_ids)
+            if len(seen) >= 3 and not long.cancelled:
+                long.cancel()
+            if event.finish_reason:
+                break
+        return event.finish_reason, await other.collect()
+
+    reason, (tokens, _) = asyncio.run(main())
+    assert reason == "cancelled"
+    assert tokens == greedy_reference(target, prompts[1], 12)[len(prompts[1]):]
+    assert scheduler.status()["counters"]["cancelled"] == 1
+
+
+def test_full_queue_raises_with_a_retry_hint(target, drafter):
+    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=1, max_queue=2))
+    scheduler.start()
+    try:
+        async def main():
+            streams = []
+            with pytest.raises(QueueFull) as info:
+                for _ in range(10):
+                    streams.append(scheduler.submit([5, 6, 7], RequestParams(max_new_tokens=30)))
+            assert info.value.retry_after >= 1 and len(streams) >= 2
+            for s in streams:
+                s.cancel()
+            return [await s.collect() for s in streams]
+
+        results = asyncio.run(main())
+        assert all(reason in ("cancelled", "length", "stop") for _, reason in results)
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ([], dict(max_new_tokens=4), "prompt is empty"),
+    ([5, 999], dict(max_new_tokens=4), "outside the vocabulary"),
+    ([5] * 500, dict(max_new_tokens=100), "context of 512 tokens"),
+])
+def test_bad_requests_are_refused_clearly(scheduler, prompt, params, message):
+    async def main():
+        scheduler.submit(prompt, RequestParams(**params))
+
+    with pytest.raises(ValueError, match=message):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=4, temperature=-1), "temperature"),
+    (dict(max_new_tokens=4, temperature=1, top_p=1.5), "top_p"),
+])
+def test_bad_parameters_are_refused_clearly(params, message):
+    with pytest.raises(ValueError, match=message):
+        RequestParams(**params)
+
+
+def test_the_server_keeps_serving_after_a_failed_round(scheduler, target, monkeypatch):
+    prompts = random_prompts([5, 6], seed=4)
+    original = scheduler.batch.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected failure")
+        return original()
+
+    monkeypatch.setattr(scheduler.batch, "step", flaky_step)
+
+    async def main():
+        first = await scheduler.submit(prompts[0], RequestParams(max_new_tokens=10)).collect()
+        second = await scheduler.submit(prompts[1], RequestParams(max_new_tokens=10)).collect()
+        return first, second
+
+    (_, first_reason), (tokens, _) = asyncio.run(main())
+    assert first_reason == "error" and "injected failure" in scheduler.status()["last_error"]
+    assert tokens == greedy_reference(target, prompts[1], 10)[len(prompts[1]):]

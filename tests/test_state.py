@@ -1,0 +1,105 @@
+"""SpeculativeBatch: rows join and leave between rounds, and every row still gets the target's own output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
+from adaflash_hf.decoding.sampling import SamplingParams
+from adaflash_hf.decoding.state import RowSpec, SpeculativeBatch, packed_index, relayout_cache
+
+from conftest import EOS, greedy_reference, random_prompts
+
+
+def run_staggered(batch: SpeculativeBatch, specs: list[RowSpec], join_every: int, cancel: set | None = None) -> dict:
+    """Add one spec every ``join_every`` rounds; drop ``cancel`` ids after their 3rd round; collect tokens."""
+    tokens: dict = {s.row_id: [] for s in specs}
+    finished: dict = {}
+    pending, rounds = list(specs), 0
+    while pending or len(batch):
+        if pending and rounds % join_every == 0:
+            updates = batch.add_rows([pending.pop(0)])
+        else:
+            updates = batch.step()
+        rounds += 1
+        for u in updates:
+            tokens[u.row_id].extend(u.tokens)
+            if u.finish_reason:
+                finished[u.row_id] = u.finish_reason
+        for row in cancel or ():
+            if row in batch.ids and len(tokens[row]) >= 3:
+                batch.drop_rows([row])
+                finished[row] = "cancelled"
+    return {"tokens": tokens, "finished": finished}
+
+
+@pytest.mark.parametrize("compact_min_slots", [1, 10_000])
+@pytest.mark.parametrize("sources", ["drafter", "all"])
+def test_rows_joining_mid_generation_match_the_target(target, drafter, sources, compact_min_slots):
+    prompts = random_prompts([5, 11, 3, 8, 14], seed=3)
+    budgets = [20, 9, 25, 16, 12]
+    drafting = DraftingConfig.only("drafter") if sources == "drafter" else DraftingConfig()
+    state = DraftingState(drafting)
+    state.EXPLORE_EVERY = 1  # run the drafter every round, so joins meet a drafter cache that keeps growing
+    batch = SpeculativeBatch(target, drafter, drafting=drafting, drafting_state=state,
+                             verify_policy=FixedVerifyLength(), compact_min_slots=compact_min_slots)
+    specs = [RowSpec(i, p, n, stop_ids=frozenset({EOS})) for i, (p, n) in enumerate(zip(prompts, budgets))]
+    result = run_staggered(batch, specs, join_every=2)
+    for i, (prompt, n) in enumerate(zip(prompts, budgets)):
+        reference = greedy_reference(target, prompt, n)[len(prompt):]
+        assert result["tokens"][i] == reference, f"row {i}"
+        assert result["finished"][i] == ("stop" if reference[-1] == EOS else "length")
+    assert len(batch) == 0
+
+
+def test_cancelled_rows_leave_and_the_others_are_unchanged(target, drafter):
+    prompts = random_prompts([6, 9, 4, 7], seed=5)
+    batch = SpeculativeBatch(target, drafter, drafting_state=DraftingState(), compact_min_slots=1)
+    specs = [RowSpec(f"r{i}", p, 18) for i, p in enumerate(prompts)]
+    result = run_staggered(batch, specs, join_every=1, cancel={"r1", "r2"})
+    assert result["finished"]["r1"] == result["finished"]["r2"] == "cancelled"
+    for i in (0, 3):
+        reference = greedy_reference(target, prompts[i], 18, eos=False)[len(prompts[i]):]
+        assert result["tokens"][f"r{i}"] == reference
+
+
+def test_greedy_rows_stay_exact_next_to_sampled_rows(target, drafter):
+    prompts = random_prompts([5, 7], seed=9)
+    batch = SpeculativeBatch(target, drafter, drafting_state=DraftingState(), generator=torch.Generator().manual_seed(0))
+    updates = batch.add_rows([RowSpec("greedy", prompts[0], 15),
+                              RowSpec("sampled", prompts[1], 15, SamplingParams(do_sample=True, temperature=1.5))])
+    tokens = {"greedy": [], "sampled": []}
+    while True:
+        for u in updates:
+            tokens[u.row_id].extend(u.tokens)
+        if not len(batch):
+            break
+        updates = batch.step()
+    assert tokens["greedy"] == greedy_reference(target, prompts[0], 15, eos=False)[len(prompts[0]):]
+    assert len(tokens["sampled"]) == 15
+
+
+def test_add_rows_rejects_duplicate_ids_and_empty_prompts(target, drafter):
+    batch = SpeculativeBatch(target, drafter, drafting_state=DraftingState())
+    batch.add_rows([RowSpec("a", [5, 6], 10)])
+    with pytest.raises(ValueError, match="already in the batch"):
+        batch.add_rows([RowSpec("a", [5, 6], 10)])
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        batch.add_rows([RowSpec("b", [], 10)])
+
+
+def test_relayout_and_packing_move_slots_exactly():
+    mask = torch.tensor([[0, 1, 0, 1], [1, 1, 1, 0]])
+    index = packed_index(mask)
+    assert index.tolist() == [[-1, 1, 3], [0, 1, 2]]
+
+    class Layer:
+        keys = torch.arange(2 * 4, dtype=torch.float).view(2, 1, 4, 1)
+        values = keys.clone()
+
+    class Cache:
+        layers = [Layer()]
+
+    relayout_cache(Cache, index)
+    assert Cache.layers[0].keys.flatten().tolist() == [0, 1, 3, 4, 5, 6]  # row 0's hole becomes a zero slot
