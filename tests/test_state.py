@@ -103,3 +103,27 @@ def test_relayout_and_packing_move_slots_exactly():
 
     relayout_cache(Cache, index)
     assert Cache.layers[0].keys.flatten().tolist() == [0, 1, 3, 4, 5, 6]  # row 0's hole becomes a zero slot
+
+
+def test_a_join_after_the_drafter_cache_compacts_to_nothing(target, drafter):
+    """Row b joins after a's drafter context; a leaves; b's drafter-cached slots are all holes and compact to
+    width 0; c must still join both caches (a regression: the empty drafter cache lost track of its rows)."""
+    state = DraftingState(DraftingConfig.only("drafter"))
+    state.EXPLORE_EVERY = 1
+    batch = SpeculativeBatch(target, drafter, drafting=state.config, drafting_state=state, compact_min_slots=1)
+    prompts = random_prompts([3, 12, 5], seed=21)
+    tokens = {"a": [], "b": [], "c": []}
+
+    def take(updates):
+        for u in updates:
+            tokens[u.row_id].extend(u.tokens)
+
+    take(batch.add_rows([RowSpec("a", prompts[0], 30)]))
+    take(batch.step())
+    take(batch.add_rows([RowSpec("b", prompts[1], 12)]))
+    batch.drop_rows(["a"])
+    take(batch.add_rows([RowSpec("c", prompts[2], 12)]))
+    while len(batch):
+        take(batch.step())
+    for name, prompt in (("b", prompts[1]), ("c", prompts[2])):
+        assert tokens[name] == greedy_reference(target, prompt, 12, eos=False)[len(prompt):]

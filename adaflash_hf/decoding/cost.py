@@ -40,15 +40,60 @@ class VerifyCostModel:
         self.seconds[num_tokens] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
 
     def cost(self, num_tokens: int) -> float:
-        """Estimated seconds (or relative units before any measurement) of a forward with num_tokens new tokens."""
+        """Estimated seconds (or relative units before any measurement) of a forward with num_tokens new tokens.
+
+        Measured counts answer directly; between two measured counts the cost is interpolated linearly,
+        past the largest it grows along the last measured slope (at least the prior's), and below the
+        smallest it shrinks by the prior slope.
+        """
         if num_tokens in self.seconds:
             return self.seconds[num_tokens]
-        below = [n for n in self.seconds if n < num_tokens]
+        if not self.seconds:
+            return 1 + self.prior_slope * (num_tokens - 1)
+        counts = sorted(self.seconds)
+        below = [n for n in counts if n < num_tokens]
+        above = [n for n in counts if n > num_tokens]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            w = (num_tokens - lo) / (hi - lo)
+            return (1 - w) * self.seconds[lo] + w * self.seconds[hi]
         if below:
-            n = max(below)
-            return self.seconds[n] * (1 + self.prior_slope * (num_tokens - n))
-        above = [n for n in self.seconds if n > num_tokens]
-        if above:
-            n = min(above)
-            return self.seconds[n] / (1 + self.prior_slope * (n - num_tokens))
-        return 1 + self.prior_slope * (num_tokens - 1)
+            n = below[-1]
+            slope = self.seconds[n] * self.prior_slope
+            if len(below) >= 2:
+                m = below[-2]
+                slope = max(slope * 0.25, (self.seconds[n] - self.seconds[m]) / (n - m))
+            return self.seconds[n] + slope * (num_tokens - n)
+        n = above[0]
+        return self.seconds[n] / (1 + self.prior_slope * (n - num_tokens))
+
+    @torch.inference_mode()
+    def calibrate(self, target, token_counts=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), context: int = 128,
+                  repeats: int = 2) -> dict[int, float]:
+        """Time target forwards of each token count after ``context`` cached tokens (start-up profile).
+
+        Rows of a real batch are separate sequences, but the cost of a forward on a CPU or GPU is
+        driven by the number of new tokens; one row of n tokens measures it. Returns {count: seconds}.
+        """
+        from transformers import DynamicCache
+
+        from .._compat import CACHE_KWARG
+
+        device = next(target.parameters()).device
+        vocab = target.get_input_embeddings().weight.shape[0]
+        generator = torch.Generator().manual_seed(0)
+        prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
+        measured = {}
+        for n in token_counts:
+            cache = DynamicCache()
+            target(input_ids=prefix, use_cache=True, **{CACHE_KWARG: cache})
+            ids = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+            best = float("inf")
+            for _ in range(repeats + 1):  # the first run warms up kernels for this shape
+                start = timer(device)
+                target(input_ids=ids, use_cache=True, **{CACHE_KWARG: cache})
+                best = min(best, timer(device) - start)
+                cache.crop(-n)
+            measured[n] = best
+            self.seconds[n] = best
+        return measured

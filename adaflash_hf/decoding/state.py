@@ -267,7 +267,7 @@ class SpeculativeBatch:
                                    shifted_index(b_old, s_old, s - s_old, self.device) + cached], dim=1)
             old_index[:, cached:cached + s - s_old] = -1
             new_index = shifted_index(b_new, length, cached + s - length, self.device)
-            if cached:  # new rows join the drafter cache as holes
+            if _initialized(self.draft_cache):  # new rows join the drafter cache as holes
                 _append_rows(self.draft_cache, b_new)
             self.pending_hidden = torch.cat([pad_left(self.pending_hidden, s), pad_left(pending, s)], dim=0)
             self.pending_pos = torch.cat([pad_left(self.pending_pos, s), pad_left(pending_pos, s)], dim=0)
@@ -305,7 +305,7 @@ class SpeculativeBatch:
         if self.pending_hidden is not None:
             self.pending_hidden = self.pending_hidden.index_select(0, index)
         self.target_cache.batch_select_indices(index)
-        if self.draft_cache.get_seq_length():
+        if _initialized(self.draft_cache):
             self.draft_cache.batch_select_indices(index)
 
     def _compact(self, force: bool = True) -> None:
@@ -466,6 +466,11 @@ class SpeculativeBatch:
 def _take(mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Re-lay a (b, S) mask like :func:`relayout_cache`: index -1 gives 0."""
     return mask.gather(1, index.clamp_min(0)).masked_fill(index < 0, 0)
+
+
+def _initialized(cache: DynamicCache) -> bool:
+    """Whether the cache holds per-row tensors (possibly of length 0 after compaction)."""
+    return bool(cache.layers) and all(layer.is_initialized for layer in cache.layers)
 
 
 def _append_rows(cache: DynamicCache, count: int) -> None:

@@ -46,6 +46,7 @@ class SchedulerConfig:
     max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429."})
     max_prefill_tokens: int = field(default=4096, metadata={"help": "Most prompt tokens admitted between two rounds."})
     adaptive_admission: bool = field(default=True, metadata={"help": "Admit a request only while the measured cost per row does not rise."})
+    calibrate: bool = field(default=True, metadata={"help": "Time target forwards of 1 to max_batch_size x (block + 1) tokens at start-up, so verify lengths and admission know this machine's costs from the first request."})
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_prefill_tokens"):
@@ -281,6 +282,15 @@ class Scheduler:
     # engine thread
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.config.calibrate:
+            width = self.config.max_batch_size * ((self.drafter.config.block_size if self.drafter is not None else 16) + 1)
+            counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(width, 16)]
+            try:
+                start = time.perf_counter()
+                self.drafting_state.cost_model.calibrate(self.target, counts)
+                logger.info("verify cost profiled for %s tokens in %.1fs", counts, time.perf_counter() - start)
+            except Exception:  # a failed profile only costs the policy its head start
+                logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
         while True:
             with self._lock:
                 while self._running and not self._queue and not self._active:

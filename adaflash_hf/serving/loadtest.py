@@ -1,0 +1,304 @@
+"""``adaflash bench --concurrency``: drive the served engine over HTTP at several concurrencies.
+
+Every method gets its own scheduler and OpenAI-compatible server in this process (one target model
+shared by all), and a closed-loop client keeps ``c`` streaming chat requests in flight. Methods:
+``plain`` (continuous batching, no drafting), ``adaflash@N`` (every row verifies N tokens: the anchor
+plus N - 1 drafts), and ``adaflash`` (the library default: the verify length that maximises expected
+tokens per second at the current load, measured on this machine). Levels are interleaved (for each
+concurrency, every method in turn), so drift in a shared machine hits all methods alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+METHODS = ("plain", "adaflash")
+
+
+@dataclass
+class ConcurrencyBenchArgs:
+    target: str = field(default="smollm2-135m", metadata={"help": "Preset, folder or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), a folder or a Hub id."})
+    concurrency: str = field(default="1,4,8,16,32", metadata={"help": "Comma-separated numbers of requests kept in flight."})
+    methods: str = field(default="plain,adaflash@16,adaflash@4,adaflash",
+                         metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."})
+    requests: int = field(default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 8)."})
+    max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
+    domains: str = field(default="code,math,chat,news", metadata={"help": "Domains of the held-out eval prompts."})
+    dtype: str = field(default="bf16", metadata={"help": "bf16 or fp32."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
+    json: str = field(default="bench_concurrency.json", metadata={"help": "Where to write the JSON results."})
+    plot: str = field(default="bench_concurrency.png", metadata={"help": "Throughput against concurrency plot ('' to skip)."})
+
+    def __post_init__(self):
+        levels = self.levels
+        if not levels or min(levels) < 1:
+            raise ValueError(f"--concurrency {self.concurrency!r}: give positive integers, e.g. 1,4,8,16,32.")
+        for method in self.method_list:
+            base, _, n = method.partition("@")
+            if base not in METHODS or (n and (base != "adaflash" or not n.isdigit() or int(n) < 1)) or (base == "plain" and n):
+                raise ValueError(f"method {method!r}: choose from plain, adaflash, adaflash@N (N >= 1).")
+        if self.requests < 0 or self.max_new_tokens < 1:
+            raise ValueError("--requests must be >= 0 and --max-new-tokens >= 1.")
+
+    @property
+    def levels(self) -> list[int]:
+        try:
+            return [int(c) for c in self.concurrency.split(",") if c.strip()]
+        except ValueError:
+            return []
+
+    @property
+    def method_list(self) -> list[str]:
+        return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+
+def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int):
+    """The scheduler a method is served with (its own drafting state, so methods learn independently)."""
+    from ..decoding.policy import FixedVerifyLength
+    from ..decoding.proposers import DraftingConfig, DraftingState
+    from .scheduler import Scheduler, SchedulerConfig
+
+    config = SchedulerConfig(max_batch_size=max_batch_size, max_queue=max(256, 4 * max_batch_size))
+    base, _, n = method.partition("@")
+    if base == "plain":
+        drafting = DraftingConfig(drafter=False, global_index=False, datastore=False)
+        return Scheduler(target, None, tokenizer, config, drafting=drafting, drafting_state=DraftingState(drafting),
+                         verify_policy=FixedVerifyLength(1), model_name=method)
+    policy = FixedVerifyLength(int(n)) if n else None
+    return Scheduler(target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method)
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on a free localhost port, in a background thread."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the benchmark's HTTP server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def peak_rss_mb() -> float:
+    """This process's current resident memory in MB (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+async def stream_request(client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streaming chat request; returns its latency, time to first token, tokens and server metrics."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft, tokens, extra, reason = None, 0, {}, None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"server answered {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or ():
+                if ttft is None and (choice.get("delta") or {}).get("content"):
+                    ttft = time.perf_counter() - start
+                reason = choice.get("finish_reason") or reason
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            extra = chunk.get("adaflash") or extra
+    return {"latency_s": time.perf_counter() - start, "ttft_s": ttft, "tokens": tokens, "finish_reason": reason,
+            "queue_wait_s": extra.get("queue_wait_s")}
+
+
+async def drive(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[list[dict], float, float]:
+    """Keep ``concurrency`` requests in flight until every prompt is answered; (records, seconds, peak RSS MB)."""
+    import httpx
+
+    todo = list(prompts)
+    records: list[dict] = []
+    peak = peak_rss_mb()
+    done = asyncio.Event()
+
+    async def sample_memory():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, peak_rss_mb())
+            await asyncio.sleep(0.1)
+
+    async def worker(client):
+        while todo:
+            records.append(await stream_request(client, url, model, todo.pop(0), max_tokens))
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        sampler = asyncio.create_task(sample_memory())
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        seconds = time.perf_counter() - start
+        done.set()
+        await sampler
+    return records, seconds, peak
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def summarise(method: str, concurrency: int, records: list[dict], seconds: float, peak: float, before: dict, after: dict) -> dict:
+    delta = {k: after["counters"][k] - before["counters"].get(k, 0) for k in after["counters"]}
+    tokens = sum(r["tokens"] for r in records)
+    return {
+        "method": method,
+        "concurrency": concurrency,
+        "num_requests": len(records),
+        "output_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds,
+        "p50_latency_s": percentile([r["latency_s"] for r in records], 50),
+        "p99_latency_s": percentile([r["latency_s"] for r in records], 99),
+        "ttft_p50_s": percentile([r["ttft_s"] for r in records], 50),
+        "queue_wait_p50_s": percentile([r["queue_wait_s"] for r in records], 50),
+        "mean_accepted_length": delta["round_tokens"] / delta["row_rounds"] if delta["row_rounds"] else None,
+        "verified_per_accepted_token": delta["verified_tokens"] / delta["round_tokens"] if delta["round_tokens"] else None,
+        "rounds": delta["rounds"],
+        "peak_rss_mb": peak,
+    }
+
+
+def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
+    import torch
+
+    from ..bench import code_provenance
+    from ..data import load_prompts
+    from ..drafters import load_drafter
+    from ..targets import load_target
+    from .server import create_app
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    target, tokenizer = load_target(args.target, dtype=args.dtype)
+    drafter = load_drafter(args.drafter, target, target_name=args.target)
+    levels, methods = args.levels, args.method_list
+    by_domain = {}
+    for domain in args.domains.split(","):
+        by_domain[domain] = [r["prompt"] for r in load_prompts(domain.strip(), split="eval").to_list()]
+    mixed = [p for group in zip(*by_domain.values()) for p in group]  # domains interleaved
+    schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels)) for m in methods}
+    results = []
+    print(f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
+          f"{torch.get_num_threads()} threads; levels {levels}; methods {methods}", file=sys.stderr)
+    servers = {}
+    try:
+        for method, scheduler in schedulers.items():
+            scheduler.start()
+            servers[method] = ServerThread(create_app(scheduler))
+        urls = {m: s.__enter__() for m, s in servers.items()}
+        for method in methods:  # warm-up: first calls pay one-off costs; the cost model gets first measurements
+            asyncio.run(drive(urls[method], method, mixed[-4:], 2, 16))
+        offset = 0
+        for concurrency in levels:
+            count = args.requests or max(8, 2 * concurrency)
+            prompts = [mixed[(offset + i) % (len(mixed) - 4)] for i in range(count)]
+            offset += count
+            for method in methods:
+                before = schedulers[method].status()
+                records, seconds, peak = asyncio.run(drive(urls[method], method, prompts, concurrency, args.max_new_tokens))
+                row = summarise(method, concurrency, records, seconds, peak, before, schedulers[method].status())
+                results.append(row)
+                print(f"[bench] c={concurrency:<3} {method:<12} {row['tokens_per_second']:7.1f} tok/s  p50 {row['p50_latency_s']:.2f}s "
+                      f"p99 {row['p99_latency_s']:.2f}s  tau {row['mean_accepted_length'] or 0:.2f}", file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.__exit__()
+        for scheduler in schedulers.values():
+            scheduler.stop()
+    print_table(results)
+    payload = {"args": asdict(args), "code": code_provenance(), "num_threads": torch.get_num_threads(),
+               "machine": machine_summary(), "results": results}
+    with open(args.json, "w") as f:
+        json.dump(payload, f, indent=2)
+    print(f"[bench] wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        plot_throughput(results, args.plot)
+        print(f"[bench] wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def machine_summary() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model or platform.processor()} ({platform.machine()})"
+
+
+def print_table(results: list[dict]) -> None:
+    plain = {r["concurrency"]: r["tokens_per_second"] for r in results if r["method"] == "plain"}
+    header = f"{'conc':>4} {'method':<12} {'tok/s':>8} {'vs plain':>8} {'p50 s':>7} {'p99 s':>7} {'ttft p50':>8} {'queue p50':>9} {'tau':>5} {'verif/tok':>9} {'RSS MB':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        ratio = r["tokens_per_second"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
+
+        def fmt(value, spec):
+            return format(value, spec) if value is not None else "-"
+
+        print(f"{r['concurrency']:>4} {r['method']:<12} {r['tokens_per_second']:>8.1f} {fmt(ratio, '>7.2f')}x "
+              f"{fmt(r['p50_latency_s'], '>7.2f')} {fmt(r['p99_latency_s'], '>7.2f')} {fmt(r['ttft_p50_s'], '>8.3f')} "
+              f"{fmt(r['queue_wait_p50_s'], '>9.3f')} {fmt(r['mean_accepted_length'], '>5.2f')} "
+              f"{fmt(r['verified_per_accepted_token'], '>9.2f')} {r['peak_rss_mb']:>7.0f}")
+
+
+def plot_throughput(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for method in dict.fromkeys(r["method"] for r in results):
+        rows = [r for r in results if r["method"] == method]
+        axes[0].plot([r["concurrency"] for r in rows], [r["tokens_per_second"] for r in rows], marker="o", label=method)
+        axes[1].plot([r["concurrency"] for r in rows], [r["p99_latency_s"] for r in rows], marker="o", label=method)
+    for ax, label in zip(axes, ("output tokens / s", "p99 latency (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    axes[0].set_title("Throughput")
+    axes[1].set_title("Tail latency")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
