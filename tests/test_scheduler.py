@@ -42,6 +42,34 @@ def test_concurrent_requests_joining_mid_generation_equal_the_target(scheduler, 
     assert status["mean_accepted_length"] >= 1.0
 
 
+@pytest.mark.parametrize("mode", ["suffix", "plain"])
+def test_without_a_drafter_requests_still_equal_the_target(target, mode):
+    from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
+
+    drafting = DraftingConfig(drafter=False)
+    scheduler = Scheduler(target, None, tokenizer=None, config=SchedulerConfig(max_batch_size=2, calibrate=False),
+                          drafting=drafting, drafting_state=DraftingState(drafting),
+                          verify_policy=FixedVerifyLength(1) if mode == "plain" else None)
+    scheduler.start()
+    prompts = random_prompts([4, 9, 6, 5], seed=13)
+
+    async def client(i):
+        await asyncio.sleep(0.005 * i)
+        return await scheduler.submit(prompts[i], RequestParams(max_new_tokens=10 + i)).collect()
+
+    async def main():
+        return await asyncio.gather(*(client(i) for i in range(len(prompts))))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    for i, (tokens, _) in enumerate(results):
+        assert tokens == greedy_reference(target, prompts[i], 10 + i)[len(prompts[i]):], f"request {i}"
+    if mode == "plain":
+        assert scheduler.status()["mean_accepted_length"] == 1.0
+
+
 def test_cancel_mid_stream_frees_the_row(scheduler, target):
     prompts = random_prompts([5, 8], seed=2)
 

@@ -195,7 +195,7 @@ class SpeculativeBatch:
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
         self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
         self.pending_hidden: torch.Tensor | None = None  # (b, s, n*H) target features not yet in the drafter cache
-        self.pending_pos = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, s) their positions
+        self.pending_pos: torch.Tensor | None = None  # (b, s) their positions
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -254,7 +254,7 @@ class SpeculativeBatch:
             self.ids = [s.row_id for s in specs]
             self.target_cache, self.draft_cache = cache, DynamicCache()
             self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
-            self.pending_hidden, self.pending_pos = pending, pending_pos
+            self.pending_hidden, self.pending_pos = pending, pending_pos if self.use_drafter else None
             return
         self._compact()
         b_old, b_new, length = len(self.ids), len(specs), mask.shape[1]
@@ -301,9 +301,9 @@ class SpeculativeBatch:
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.ids = [self.ids[i] for i in keep]
         self.slot_mask, self.next_pos, self.last_token = (t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token))
-        self.pending_pos = self.pending_pos.index_select(0, index)
-        if self.pending_hidden is not None:
+        if self.use_drafter:
             self.pending_hidden = self.pending_hidden.index_select(0, index)
+            self.pending_pos = self.pending_pos.index_select(0, index)
         self.target_cache.batch_select_indices(index)
         if _initialized(self.draft_cache):
             self.draft_cache.batch_select_indices(index)
