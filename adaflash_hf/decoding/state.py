@@ -304,9 +304,8 @@ class SpeculativeBatch:
         if self.use_drafter:
             self.pending_hidden = self.pending_hidden.index_select(0, index)
             self.pending_pos = self.pending_pos.index_select(0, index)
-        self.target_cache.batch_select_indices(index)
-        if _initialized(self.draft_cache):
-            self.draft_cache.batch_select_indices(index)
+        _select_rows(self.target_cache, index)
+        _select_rows(self.draft_cache, index)
 
     def _compact(self, force: bool = True) -> None:
         """Squeeze holes out of the drafter-cached part of the caches (all slots without a drafter)."""
@@ -471,6 +470,13 @@ def _take(mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def _initialized(cache: DynamicCache) -> bool:
     """Whether the cache holds per-row tensors (possibly of length 0 after compaction)."""
     return bool(cache.layers) and all(layer.is_initialized for layer in cache.layers)
+
+
+def _select_rows(cache: DynamicCache, index: torch.Tensor) -> None:
+    """Keep rows ``index`` of every initialised layer, also at length 0 (``batch_select_indices`` skips those)."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
 
 
 def _append_rows(cache: DynamicCache, count: int) -> None:
