@@ -195,6 +195,7 @@ class Scheduler:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._running = False
+        self._calibrated = False
         self.counters = {"submitted": 0, "finished": 0, "cancelled": 0, "errors": 0, "rejected_queue_full": 0,
                          "rounds": 0, "row_rounds": 0, "generated_tokens": 0, "round_tokens": 0, "verified_tokens": 0}
         self.source_counts: dict[str, int] = {}
@@ -204,8 +205,19 @@ class Scheduler:
     # ----------------------------------------------------------------------------------------------
     # caller side (any thread with an asyncio loop)
     def start(self) -> None:
+        """Profile the verify cost (``config.calibrate``, a few seconds), then start the engine thread."""
         if self._thread is not None and self._thread.is_alive():
             return
+        if self.config.calibrate and not self._calibrated:
+            self._calibrated = True
+            width = self.config.max_batch_size * ((self.drafter.config.block_size if self.drafter is not None else 16) + 1)
+            counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(width, 16)]
+            try:
+                start = time.perf_counter()
+                self.drafting_state.cost_model.calibrate(self.target, counts)
+                logger.info("verify cost profiled for %s tokens in %.1fs", counts, time.perf_counter() - start)
+            except Exception:  # a failed profile only costs the policy its head start
+                logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
         self._running = True
         self._thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
         self._thread.start()
@@ -282,15 +294,6 @@ class Scheduler:
     # engine thread
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        if self.config.calibrate:
-            width = self.config.max_batch_size * ((self.drafter.config.block_size if self.drafter is not None else 16) + 1)
-            counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(width, 16)]
-            try:
-                start = time.perf_counter()
-                self.drafting_state.cost_model.calibrate(self.target, counts)
-                logger.info("verify cost profiled for %s tokens in %.1fs", counts, time.perf_counter() - start)
-            except Exception:  # a failed profile only costs the policy its head start
-                logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
         while True:
             with self._lock:
                 while self._running and not self._queue and not self._active:
