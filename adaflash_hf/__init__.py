@@ -7,39 +7,49 @@ Public API:
 - ``generate(target, drafter, input_ids, attention_mask=None, **generation_kwargs)``: batched engine.
 - ``load_target(name_or_path, dtype=None, device=None)``: presets, local folders, GGUF files, Hub ids.
 - ``load_drafter(name_or_path, target, target_name=None)``: bundled drafters, folders, Hub ids, fresh.
+
+Names load on first use (PEP 562), so ``import adaflash_hf`` and the CLI's ``--help`` stay instant; the
+first use of any of them also registers the drafter with ``AutoConfig``/``AutoModel``.
 """
 
-from transformers import AutoConfig, AutoModel
+import importlib
 
-from .configuration_adaflash import AdaFlashDrafterConfig
-from .decoding.engine import generate
-from .decoding.outputs import SpeculativeGenerateOutput, SpeculativeStats
-from .decoding.policy import FixedVerifyLength, GoodputVerifyLength, VerifyLengthPolicy
-from .decoding.proposers import DraftingConfig, DraftingState
-from .drafters import load_drafter
-from .integration import AdaFlashCandidateGenerator, enable_adaflash, last_generation_stats
-from .modeling_adaflash import AdaFlashDrafter
-from .targets import load_target
-
-__all__ = [
-    "AdaFlashCandidateGenerator",
-    "AdaFlashDrafter",
-    "AdaFlashDrafterConfig",
-    "DraftingConfig",
-    "DraftingState",
-    "FixedVerifyLength",
-    "GoodputVerifyLength",
-    "SpeculativeGenerateOutput",
-    "SpeculativeStats",
-    "VerifyLengthPolicy",
-    "enable_adaflash",
-    "generate",
-    "last_generation_stats",
-    "load_drafter",
-    "load_target",
-]
+_EXPORTS = {
+    "AdaFlashCandidateGenerator": ".integration",
+    "AdaFlashDrafter": ".modeling_adaflash",
+    "AdaFlashDrafterConfig": ".configuration_adaflash",
+    "DraftingConfig": ".decoding.proposers",
+    "DraftingState": ".decoding.proposers",
+    "FixedVerifyLength": ".decoding.policy",
+    "GoodputVerifyLength": ".decoding.policy",
+    "SpeculativeGenerateOutput": ".decoding.outputs",
+    "SpeculativeStats": ".decoding.outputs",
+    "VerifyLengthPolicy": ".decoding.policy",
+    "enable_adaflash": ".integration",
+    "generate": ".decoding.engine",
+    "last_generation_stats": ".integration",
+    "load_drafter": ".drafters",
+    "load_target": ".targets",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
-# Let AutoConfig/AutoModel resolve saved drafters without trust_remote_code once adaflash_hf is imported.
-AutoConfig.register(AdaFlashDrafterConfig.model_type, AdaFlashDrafterConfig, exist_ok=True)
-AutoModel.register(AdaFlashDrafterConfig, AdaFlashDrafter, exist_ok=True)
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'adaflash_hf' has no attribute {name!r}")
+    _register_auto_classes()
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def _register_auto_classes() -> None:
+    """Let AutoConfig/AutoModel resolve saved drafters without trust_remote_code."""
+    from transformers import AutoConfig, AutoModel
+
+    from .configuration_adaflash import AdaFlashDrafterConfig
+    from .modeling_adaflash import AdaFlashDrafter
+
+    AutoConfig.register(AdaFlashDrafterConfig.model_type, AdaFlashDrafterConfig, exist_ok=True)
+    AutoModel.register(AdaFlashDrafterConfig, AdaFlashDrafter, exist_ok=True)

@@ -26,8 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
+from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
 from .targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
@@ -50,9 +49,9 @@ class BenchArgs:
                          metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
     assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
-    verify_len: int | None = field(default=None, metadata={"help": "adaflash methods: tokens verified per round (anchor + drafts); default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
+    verify_len: int | None = field(default=None, metadata={"help": "adaflash methods: tokens verified per round (anchor + drafts), at most the longest proposal; default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice); recorded in the JSON."})
-    dtype: str = field(default="bf16", metadata={"help": "bf16 (fast on AMX/GPU) or fp32 (exactness)."})
+    dtype: str = dtype_field()
     json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
     plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
 
@@ -70,8 +69,16 @@ class BenchArgs:
             raise ValueError(f"--num-threads must be >= 1, got {self.num_threads}.")
         if "target" not in self.method_list:
             raise ValueError("--methods must include 'target': speed-ups and output equality are relative to it.")
-        if self.max_new_tokens < 1 or self.num_prompts < 1:
-            raise ValueError("--max-new-tokens and --num-prompts must be >= 1.")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens {self.max_new_tokens}: ask for at least 1 new token.")
+        if self.num_prompts < 1:
+            raise ValueError(f"--num-prompts {self.num_prompts}: must be >= 1.")
+        if self.verify_len is not None and self.verify_len < 1:
+            raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (the anchor plus any drafts), or unset.")
+        check_choice("--dtype", self.dtype, DTYPES)
+        if self.prompts != "eval" and not Path(self.prompts).is_file():
+            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                                    "or a JSONL file of {prompt, domain} lines.")
 
     @property
     def method_list(self) -> list[str]:
@@ -115,7 +122,7 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
     try:
         import datasets  # noqa: F401
     except ImportError as error:
-        raise SystemExit("error: adaflash bench reads prompt sets with `datasets`: pip install 'adaflash-hf[train]'") from error
+        raise ImportError("adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'") from error
     if args.prompts == "eval":
         from .data import load_prompts
 
@@ -129,6 +136,8 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 
 def run_bench(args: BenchArgs) -> int:
+    import torch
+
     from . import (
         DraftingConfig,
         DraftingState,
@@ -138,7 +147,7 @@ def run_bench(args: BenchArgs) -> int:
         generate,
         load_target,
     )
-    from .cli import encode_prompt
+    from .checks import check_verify_len
     from .drafters import load_drafter
 
     if args.num_threads is not None:
@@ -152,31 +161,32 @@ def run_bench(args: BenchArgs) -> int:
     if "assisted" in bases:
         name = ASSISTANT_FOR.get(args.target) if args.assistant == "auto" else args.assistant
         if name is None:
-            raise SystemExit(f"error: no default draft model for {args.target}; pass --assistant or drop 'assisted'.")
+            raise ValueError(f"no default draft model for {args.target}; pass --assistant or drop 'assisted' from --methods.")
         assistant, _ = load_target(name, dtype=args.dtype)
+    # Each adaflash method learns across prompts (acceptance rates, verify cost, the global index of
+    # earlier requests) in its own state, so no method sees another's outputs.
+    states = {m: DraftingState() for m in methods if m.startswith("adaflash")}
+    draftings, policies = {}, {}
+    for m in states:
+        base, _, verify_arg = m.partition("@")
+        draftings[m] = DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF else DraftingConfig()
+        verify_len = int(verify_arg) if verify_arg else args.verify_len
+        if verify_len:
+            check_verify_len(verify_len, drafter, draftings[m])
+        policies[m] = FixedVerifyLength(verify_len) if verify_len else GoodputVerifyLength()
+
     enable_adaflash(target)
     prompts = load_bench_prompts(args)
     pad = tokenizer.pad_token_id
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
 
-    # Each adaflash method learns across prompts (acceptance rates, verify cost, the global index of
-    # earlier requests) in its own state, so no method sees another's outputs.
-    states = {m: DraftingState() for m in methods if m.startswith("adaflash")}
-    policies = {}
-    for m in states:
-        verify_arg = m.partition("@")[2]
-        verify_len = int(verify_arg) if verify_arg else args.verify_len
-        policies[m] = FixedVerifyLength(verify_len) if verify_len else GoodputVerifyLength()
-
     def run(method: str, ids: torch.Tensor):
         mask = torch.ones_like(ids)
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
-        base = method.partition("@")[0]
-        if base.startswith("adaflash"):
-            drafting = DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF else DraftingConfig()
+        if method.startswith("adaflash"):
             out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
-                           verify_policy=policies[method], drafting=drafting, drafting_state=states[method])
+                           verify_policy=policies[method], drafting=draftings[method], drafting_state=states[method])
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
         if method == "prompt-lookup":
             return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None
@@ -184,14 +194,14 @@ def run_bench(args: BenchArgs) -> int:
             return target.generate(ids, attention_mask=mask, assistant_model=assistant, **common)[0], None
         return target.generate(ids, attention_mask=mask, assistant_model=drafter, speculation_type="dflash", **common)[0], None
 
-    warm = encode_prompt(tokenizer, "Hello!", raw=False)
+    warm = encode_prompt(tokenizer, "Hello!")
     for method in methods:  # warm-up: first calls pay one-off costs
         run(method, warm)
 
     records = []
     print(f"[bench] {len(prompts)} prompts x {len(methods)} methods, {args.max_new_tokens} new tokens, {target.dtype}", file=sys.stderr)
     for i, item in enumerate(prompts):
-        ids = encode_prompt(tokenizer, item["prompt"], raw=False).to(target.device)
+        ids = encode_prompt(tokenizer, item["prompt"]).to(target.device)
         reference = None
         for method in methods:
             counter = ForwardCounter(target, ids.shape[1])
@@ -213,8 +223,6 @@ def run_bench(args: BenchArgs) -> int:
 
     results = summarise(records, methods)
     print_table(results)
-    from .cli import command_line
-
     payload = {"command": command_line("bench", args), "args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
                "torch_threads": torch.get_num_threads(), "code": code_provenance(), "results": results, "records": records}
     Path(args.json).write_text(json.dumps(payload, indent=2))

@@ -55,17 +55,25 @@ def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
         )
 
 
-def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, streamer=None) -> torch.Tensor:
-    """Validate a batch of prompts; return the attention mask (all ones for a single row without one)."""
+def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, streamer=None,
+                       vocab_size: int | None = None) -> torch.Tensor:
+    """Validate a batch of prompts; return the attention mask (all ones for a single row without one).
+
+    With ``vocab_size`` (the target's embedding rows), token ids outside ``[0, vocab_size)`` are refused.
+    """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(
             f"input_ids must be a 2-D LongTensor (batch, length); got {type(input_ids).__name__}"
             f"{'' if not isinstance(input_ids, torch.Tensor) else ' of shape ' + str(tuple(input_ids.shape))}. "
             "Tokenize with return_tensors='pt'."
         )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids (a LongTensor), got {input_ids.dtype}. Tokenize with return_tensors='pt'.")
     batch_size, length = input_ids.shape
     if batch_size == 0 or length == 0:
         raise ValueError(f"empty prompt batch (input_ids shape {tuple(input_ids.shape)}): give at least one token per prompt.")
+    if vocab_size is not None:
+        check_token_ids(input_ids, vocab_size)
     if attention_mask is None:
         if batch_size > 1:
             raise ValueError(
@@ -86,6 +94,39 @@ def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     if streamer is not None and batch_size > 1:
         raise ValueError("a streamer takes one sequence; for batches use on_tokens=callback(row, token_ids).")
     return attention_mask
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Raise a ValueError naming the first token id of ``input_ids`` (b, L) outside ``[0, vocab_size)``."""
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    if bool(bad.any()):
+        row, position = bad.nonzero()[0].tolist()
+        count = int(bad.sum())
+        raise ValueError(
+            f"token id {int(input_ids[row, position])} (row {row}, position {position}"
+            f"{f'; {count} such ids in all' if count > 1 else ''}) is outside the target's vocabulary of {vocab_size} "
+            f"ids [0, {vocab_size}): tokenize with the target's own tokenizer, and pad with its pad_token_id."
+        )
+
+
+def check_verify_len(verify_len: int, drafter, drafting) -> None:
+    """Raise a ValueError when a fixed ``verify_len`` exceeds what any proposal can fill.
+
+    ``verify_len`` counts the anchor plus the drafts verified, so it is at most 1 + the longest
+    proposal: the drafter's block minus the anchor, or ``drafting.max_suffix_tokens`` for suffix
+    matches (the suffix, global and datastore sources), whichever of the enabled sources is longer.
+    """
+    block = drafter.config.block_size if drafter is not None and drafting.drafter else None
+    matches = drafting.suffix or drafting.global_index or (
+        drafting.datastore and getattr(drafter, "adaflash_datastore", None) is not None)
+    longest = max((block or 1) - 1, drafting.max_suffix_tokens if matches else 0)
+    if not 1 <= verify_len <= longest + 1:
+        parts = ([f"the drafter's block of {block} gives {block - 1}"] if block else []) + (
+            [f"suffix matches give up to {drafting.max_suffix_tokens}"] if matches else [])
+        raise ValueError(
+            f"verify_len={verify_len}: a round verifies the anchor plus at most {longest} drafts ({'; '.join(parts)}), "
+            f"so choose 1..{longest + 1}, or leave it unset for the goodput policy."
+        )
 
 
 def sampling_params_from(config: GenerationConfig) -> SamplingParams:
@@ -110,6 +151,8 @@ def sampling_params_from(config: GenerationConfig) -> SamplingParams:
             f"adaflash_hf.generate does not apply {unsupported}; use target.generate(assistant_model=drafter) "
             "after enable_adaflash(target), which applies every logits processor."
         )
+    if config.do_sample and config.top_p is not None and not 0 < config.top_p <= 1:
+        raise ValueError(f"top_p={config.top_p}: must be in (0, 1] (1 keeps the whole distribution).")
     return SamplingParams(
         do_sample=bool(config.do_sample),
         temperature=config.temperature if config.do_sample and config.temperature is not None else 1.0,

@@ -1,24 +1,95 @@
-"""The ``adaflash`` command line: generate, bench, train-drafter.
+"""The ``adaflash`` command line: one registry of commands, each a config dataclass plus a run function.
 
-Every subcommand's options come from a dataclass (field help text included), so the CLI and the
-Python API share one set of defaults.
+A command's options come from its config dataclass (field help text included), so the CLI and the
+Python API share one set of defaults and one validation. ``COMMANDS`` names where each dataclass and
+run function live; only the command being run is imported, so ``adaflash --help`` imports neither
+torch nor transformers. A command whose module is not there is left out of the list.
+
+A user error (a bad value, a missing file) prints one ``error:`` line and exits with status 2;
+anything else prints a one-line summary and exits with 1. ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
+import importlib.machinery
+import importlib.util
 import logging
-import shlex
 import sys
 import time
-import types
-import typing
 from dataclasses import dataclass, field
 
-import torch
-
+from .cli_args import DTYPES, add_dataclass_arguments, check_choice, dataclass_from_args, dtype_field, encode_prompt
 from .targets import DEFAULT_TARGET, PRESETS
+
+logger = logging.getLogger(__name__)
+
+USER_ERRORS = (ValueError, OSError, ImportError)  # bad values, missing files or models, missing extras
+
+
+@dataclass(frozen=True)
+class Command:
+    """Where a command's config dataclass and run function live (``"module:name"``), and its help line.
+
+    The run function takes the config and returns the exit status; any other return value (such as
+    the folder a training run wrote) is printed and the status is 0.
+    """
+
+    config: str
+    run: str
+    help: str
+
+    @property
+    def module(self) -> str:
+        return self.config.partition(":")[0]
+
+    def load(self, which: str):
+        module, _, name = getattr(self, which).partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+COMMANDS: dict[str, Command] = {
+    "generate": Command("adaflash_hf.cli:GenerateArgs", "adaflash_hf.cli:run_generate",
+                        "Generate from a prompt with speculative decoding, streaming text."),
+    "bench": Command("adaflash_hf.bench:BenchArgs", "adaflash_hf.bench:run_bench",
+                     "Benchmark decoding methods side by side; prints a table, writes JSON."),
+    "profile": Command("adaflash_hf.profile:ProfileArgs", "adaflash_hf.profile:run_profile",
+                       "Where the time of one speculative round goes, against one plain decode step."),
+    "serve": Command("adaflash_hf.serving.server:ServeArgs", "adaflash_hf.serving.server:run_serve",
+                     "Serve the target over an OpenAI-compatible HTTP API (localhost by default), with continuous batching."),
+    "generate-data": Command("adaflash_hf.training.data:GenerateDataConfig", "adaflash_hf.training.data:generate_data",
+                             "Cache the target's own greedy responses to training prompts (resumable), for train-drafter."),
+    "prepare-drafter": Command("adaflash_hf.training.vocab:PrepareDrafterConfig", "adaflash_hf.training.vocab:run_prepare_drafter",
+                               "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter."),
+    "train-drafter": Command("adaflash_hf.training.trainer:TrainDrafterConfig", "adaflash_hf.training.trainer:train_drafter",
+                             "Train a drafter for a target (DFlash recipe), with checkpoints and resume."),
+    "train-length-head": Command("adaflash_hf.training.length_head:TrainLengthHeadConfig",
+                                 "adaflash_hf.training.length_head:train_length_head",
+                                 "Train the adaptive verify-length head from the engine's acceptance records."),
+}
+
+
+def _module_exists(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it or its packages (their imports may be heavy)."""
+    parts = module.split(".")
+    spec = importlib.util.find_spec(parts[0])  # adaflash_hf: already imported, so this imports nothing
+    for i in range(1, len(parts)):
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), spec.submodule_search_locations)
+    return spec is not None
+
+
+def available_commands() -> dict[str, Command]:
+    """The commands whose modules exist (commands still being written are left out)."""
+    found = {}
+    for name, command in COMMANDS.items():
+        if _module_exists(command.module):
+            found[name] = command
+        else:
+            logger.debug("command %s hidden: module %s not found", name, command.module)
+    return found
 
 
 @dataclass
@@ -28,8 +99,8 @@ class GenerateArgs:
     target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
     max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA or where this CPU's bf16 matmuls measure faster than fp32, else fp32), bf16 or fp32."})
-    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most expected tokens per second."})
+    dtype: str = dtype_field()
+    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts), at most the longest proposal; default: chosen per round for the most expected tokens per second."})
     sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
     seed: int = field(default=0, metadata={"help": "Seed for sampling."})
@@ -37,92 +108,51 @@ class GenerateArgs:
     raw: bool = field(default=False, metadata={"help": "Use the prompt as raw text, without the chat template."})
 
     def __post_init__(self):
-        self.drafting()  # validate --sources early
+        if not self.prompt.strip():
+            raise ValueError("--prompt is empty: give the text to continue or answer.")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens {self.max_new_tokens}: ask for at least 1 new token.")
+        if not self.temperature >= 0:  # also catches nan
+            raise ValueError(f"--temperature {self.temperature}: must be >= 0 (0 is greedy, > 0 samples).")
+        if self.verify_len is not None and self.verify_len < 1:
+            raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (the anchor plus any drafts), or unset.")
+        check_choice("--dtype", self.dtype, DTYPES)
+        self.drafting()  # validate --sources
 
     def drafting(self):
-        from .decoding.proposers import SOURCES, DraftingConfig
+        from .decoding.proposers import DraftingConfig
 
-        chosen = {s.strip() for s in self.sources.split(",") if s.strip()}
-        if not chosen or chosen - set(SOURCES):
-            raise ValueError(f"--sources {self.sources!r}: choose one or more of {', '.join(SOURCES)}.")
-        return DraftingConfig(drafter="drafter" in chosen, suffix="suffix" in chosen, global_index="global" in chosen,
-                              datastore="datastore" in chosen)
-
-
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
-    """One ``--flag`` per dataclass field, typed from its annotation, with the field's help text."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[X] -> X
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        default = None if required else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        help_text = (f.metadata.get("help", "") + ("" if required else f" (default: {default})")).replace("%", "%%")
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        elif typing.get_origin(kind) in (list, tuple):
-            parser.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=default, required=required, help=help_text)
-
-
-def command_line(command: str, config) -> str:
-    """The ``adaflash <command>`` line that rebuilds dataclass ``config`` (non-default fields only)."""
-    parts = [f"adaflash {command}"]
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
-        if value == default:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
-        elif isinstance(value, list | tuple):
-            parts.append(f"{flag} " + " ".join(map(str, value)))
-        elif value is not None:
-            parts.append(f"{flag} {shlex.quote(str(value))}")
-    return " ".join(parts)
-
-
-def dataclass_from_args(cls, args: argparse.Namespace):
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
-
-
-def encode_prompt(tokenizer, prompt: str, raw: bool) -> torch.Tensor:
-    if not prompt.strip():
-        raise SystemExit("error: --prompt is empty; give the text to continue or answer.")
-    if raw or not tokenizer.chat_template:
-        return tokenizer(prompt, return_tensors="pt").input_ids
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)["input_ids"]
+        return DraftingConfig.from_sources(self.sources)
 
 
 def run_generate(args: GenerateArgs) -> int:
+    import torch
     from transformers import TextStreamer
 
     from . import FixedVerifyLength, generate, load_target
+    from .checks import check_verify_len
     from .drafters import load_drafter
 
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    target, tokenizer = load_target(args.target, dtype=None if args.dtype == "auto" else args.dtype)
+    target, tokenizer = load_target(args.target, dtype=args.dtype)
     drafter = load_drafter(args.drafter, target, target_name=args.target)
-    print(f"[adaflash] target {args.target} ({target.dtype}), drafter {args.drafter} "
-          f"(block {drafter.config.block_size}, {drafter.config.num_hidden_layers} layers); loaded in {time.perf_counter() - start:.1f}s",
-          file=sys.stderr)
+    drafting = args.drafting()
+    if args.verify_len is not None:
+        check_verify_len(args.verify_len, drafter, drafting)
+    layers = drafter.config.num_hidden_layers
+    print(f"[adaflash] target {args.target} ({target.dtype}), drafter {args.drafter} (block {drafter.config.block_size}, "
+          f"{layers} layer{'s' if layers != 1 else ''}); loaded in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     input_ids = encode_prompt(tokenizer, args.prompt, args.raw).to(target.device)
     sampling = dict(do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_k=None, top_p=None)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     if args.compare_plain:  # warm both paths up on another prompt: first calls pay one-off costs
-        warm = encode_prompt(tokenizer, "Hi!", raw=False).to(target.device)
+        warm = encode_prompt(tokenizer, "Hi!").to(target.device)
         generate(target, drafter, warm, max_new_tokens=8, **sampling)
         target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, pad_token_id=tokenizer.pad_token_id, **sampling)
     start = time.perf_counter()
     out = generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                   verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None, drafting=args.drafting(),
+                   verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None, drafting=drafting,
                    tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
     seconds = time.perf_counter() - start
     n = out.num_new_tokens[0]
@@ -146,6 +176,8 @@ def run_generate(args: GenerateArgs) -> int:
 
 def explain_difference(target, plain: list[int], ours: list[int], prompt_len: int) -> None:
     """Show how close the target's top two logits are where greedy outputs first differ."""
+    import torch
+
     first = next((i for i, (a, b) in enumerate(zip(plain, ours)) if a != b), min(len(plain), len(ours)))
     with torch.inference_mode():
         logits = target(torch.tensor([plain[:first]], device=target.device)).logits[0, -1].float()
@@ -156,53 +188,59 @@ def explain_difference(target, plain: list[int], ours: list[int], prompt_len: in
           file=sys.stderr)
 
 
-COMMANDS: dict[str, tuple[type, typing.Callable, str]] = {
-    "generate": (GenerateArgs, run_generate, "Generate from a prompt with speculative decoding, streaming text."),
-}
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``adaflash`` parser; only ``command``'s options are added, so only its module is imported."""
+    parser = argparse.ArgumentParser(prog="adaflash", description="Lossless speculative decoding for transformers.")
+    parser.add_argument("--debug", action="store_true", help="Show tracebacks and debug logs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, entry in available_commands().items():
+        command_parser = sub.add_parser(name, help=entry.help, description=entry.help)
+        if name == command:
+            command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            try:
+                config_class = entry.load("config")
+            except ImportError as error:
+                raise ImportError(f"adaflash {name} is unavailable: {error}") from error
+            add_dataclass_arguments(command_parser, config_class)
+    return parser
 
 
-def _register_optional_commands() -> None:
-    """Commands whose modules need optional extras register only when those import."""
-    try:
-        from .bench import BenchArgs, run_bench
-        COMMANDS["bench"] = (BenchArgs, run_bench, "Benchmark decoding methods side by side; prints a table, writes JSON.")
-    except ImportError as error:  # pragma: no cover
-        logging.getLogger(__name__).debug("bench unavailable: %s", error)
-    try:
-        from .training.trainer import TrainDrafterConfig, train_drafter
-        COMMANDS["train-drafter"] = (TrainDrafterConfig, lambda cfg: (print(train_drafter(cfg)), 0)[1],
-                                     "Train a drafter for a target (DFlash recipe), with checkpoints and resume.")
-    except ImportError as error:  # pragma: no cover
-        logging.getLogger(__name__).debug("train-drafter unavailable: %s", error)
-    try:
-        from .training.data import GenerateDataConfig, generate_data
-        COMMANDS["generate-data"] = (GenerateDataConfig, generate_data,
-                                     "Cache the target's own greedy responses to training prompts (resumable), for train-drafter.")
-    except ImportError as error:  # pragma: no cover
-        logging.getLogger(__name__).debug("generate-data unavailable: %s", error)
-    from .profile import ProfileArgs, run_profile
-    COMMANDS["profile"] = (ProfileArgs, run_profile, "Where the time of one speculative round goes, against one plain decode step.")
-    from .training.vocab import PrepareDrafterConfig, run_prepare_drafter
-    COMMANDS["prepare-drafter"] = (PrepareDrafterConfig, run_prepare_drafter,
-                                   "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter.")
+def run_command(argv: list[str]) -> int:
+    """Parse ``argv``, build the command's config (validating it) and run it."""
+    command = next((a for a in argv if not a.startswith("-")), None)  # the only global options are flags
+    args = build_parser(command).parse_args(argv)
+    entry = COMMANDS[args.command]
+    config = dataclass_from_args(entry.load("config"), args)
+    result = entry.load("run")(config)
+    if isinstance(result, int):
+        return result
+    if result is not None:
+        print(result)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("transformers", "httpx", "huggingface_hub"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    _register_optional_commands()
-    parser = argparse.ArgumentParser(prog="adaflash", description="Lossless speculative decoding for transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (cls, _, help_text) in COMMANDS.items():
-        add_dataclass_arguments(sub.add_parser(name, help=help_text, description=help_text), cls)
-    args = parser.parse_args(argv)
-    cls, run, _ = COMMANDS[args.command]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("transformers", "httpx", "huggingface_hub", "filelock", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.INFO if debug else logging.ERROR)
     try:
-        config = dataclass_from_args(cls, args)
-    except ValueError as error:
-        parser.error(str(error))
-    return run(config)
+        return run_command(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        if debug:
+            raise
+        summary = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(f"error: unexpected {type(error).__name__}: {summary} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

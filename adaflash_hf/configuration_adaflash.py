@@ -57,6 +57,10 @@ class AdaFlashDrafterConfig(PretrainedConfig):
 
     model_type = "adaflash_drafter"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # Fields that fix the weights' shapes: a config.json without them would load as a mismatch of
+    # every weight, so reading one is refused with their names instead.
+    required_fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "target_layer_ids")
 
     def __init__(
         self,
@@ -124,6 +128,28 @@ class AdaFlashDrafterConfig(PretrainedConfig):
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
         self.validate_drafter_fields()
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs) -> tuple[dict, dict]:
+        """Read ``config.json``: an AdaFlash drafter's, or a z-lab DFlash one (``model_type: qwen3`` plus
+        ``dflash_config``), which is this config in another layout, so it is read as such."""
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        model_type = config_dict.get("model_type")
+        dflash = config_dict.get("dflash_config") or {}
+        if model_type not in (None, cls.model_type):
+            if "dflash_config" not in config_dict:
+                raise ValueError(
+                    f"{pretrained_model_name_or_path} holds a `{model_type}` model, not a drafter: drafter configs have "
+                    f"model_type `{cls.model_type}`, or a `dflash_config` section (the z-lab DFlash layout)."
+                )
+            config_dict = {**config_dict, "model_type": cls.model_type}  # DFlash layout: __init__ reads it as is
+        missing = [name for name in cls.required_fields if name not in config_dict and name not in dflash and name not in kwargs]
+        if missing:
+            raise ValueError(
+                f"the drafter config in {pretrained_model_name_or_path} lacks {', '.join(missing)}: these fields fix the "
+                "shapes of the drafter's weights. Save the drafter again with save_pretrained, or add them to config.json."
+            )
+        return config_dict, kwargs
 
     def validate_drafter_fields(self) -> None:
         """Raise a ValueError naming the offending field when the drafter fields are inconsistent."""

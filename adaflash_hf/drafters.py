@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from .decoding.proposers import DATASTORE_FILE, load_datastore
 from .modeling_adaflash import AdaFlashDrafter
+from .targets import HUB_ID
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
 
     ``"auto"``: the bundled drafter for preset ``target_name``, else a fresh (untrained) one;
     ``"fresh"``: a randomly initialised drafter sized for ``target`` (lossless, but accepts little);
-    anything else: a local folder or Hub id passed to ``AdaFlashDrafter.from_pretrained``.
+    anything else: a local folder (adaflash-hf or DFlash layout) or a Hub id ``owner/name``.
     With ``datastore`` (default), the folder's ``datastore.safetensors`` is indexed and attached as
     ``drafter.adaflash_datastore`` for the engine's ``datastore`` draft source; training skips it.
     """
@@ -44,12 +45,36 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
     if name_or_path == "fresh":
         drafter = AdaFlashDrafter.from_target(target)
     else:
-        drafter = AdaFlashDrafter.from_pretrained(name_or_path)
+        source = _drafter_source(name_or_path)
+        try:
+            drafter = AdaFlashDrafter.from_pretrained(source)
+        except OSError as error:
+            if Path(source).is_dir():
+                raise
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise OSError(f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}") from error
         path = _datastore_file(name_or_path) if datastore else None
         if path is not None:
             drafter.adaflash_datastore = load_datastore(path)
             logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path)
     return drafter.to(device=target.device, dtype=target.dtype).eval()
+
+
+def _drafter_source(name_or_path: str) -> str:
+    """A local drafter folder or a Hub id, checked so that a typo gets an error that says what is accepted."""
+    bundled = sorted(p.parent.name for p in BUNDLED_DIR.glob("*/config.json"))
+    accepted = (f"a drafter is 'auto' (the bundled drafter of a preset target: {', '.join(bundled) or 'none installed'}), "
+                "'fresh' (untrained, sized for the target), a local folder with config.json, or a Hub id (owner/name)")
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"drafter folder {path} has no config.json: {accepted}.")
+        return str(path)
+    if path.exists():
+        raise ValueError(f"drafter {name_or_path!r} is a file, not a folder: {accepted}.")
+    if not HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"no drafter folder {name_or_path}: {accepted}.")
+    return name_or_path
 
 
 def _datastore_file(name_or_path: str) -> Path | None:

@@ -5,7 +5,8 @@ overrides ``GenerationMixin._get_candidate_generator`` (private; the only place 
 is chosen, stable from 4.57 to 5.24): when the assistant is an :class:`AdaFlashDrafter`, it returns an
 :class:`AdaFlashCandidateGenerator`; every other assistant, prompt lookup and
 ``speculation_type="dflash"`` keep their stock generators. transformers' assisted-decoding loop does
-the verification (greedy or sampling, every logits processor, streamers, stopping criteria).
+the verification (greedy or sampling, every logits processor, streamers, stopping criteria). Its
+``generate`` refuses beam search with an AdaFlash drafter, which transformers would run without it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ._compat import check_transformers_version
-from .checks import check_pair, is_adaflash_drafter
+from .checks import check_pair, check_token_ids, is_adaflash_drafter
 from .decoding.engine import context_features, draft_block
 from .decoding.outputs import RoundStats, SpeculativeStats
 from .decoding.policy import GoodputVerifyLength, VerifyLengthPolicy
@@ -152,6 +153,19 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             self.proposer.finish_row(0)
 
 
+def _generate(self, *args, **kwargs):
+    # transformers quietly turns an assistant off for beam search (a logged warning); refuse instead.
+    if is_adaflash_drafter(kwargs.get("assistant_model")):
+        config = kwargs.get("generation_config") or self.generation_config
+        num_beams = kwargs.get("num_beams", config.num_beams) or 1
+        if num_beams > 1 and kwargs.get("speculation_type", config.speculation_type) != "dflash":
+            raise ValueError(
+                f"num_beams={num_beams} asks for beam search, which an AdaFlash drafter cannot speed up: speculative "
+                "decoding verifies one sequence's drafts. Set num_beams=1 (greedy or sampling), or drop assistant_model."
+            )
+    return super(type(self), self).generate(*args, **kwargs)
+
+
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                              assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
     if is_adaflash_drafter(assistant_model) and generation_config.speculation_type != "dflash":
@@ -161,6 +175,7 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
                 "For batches use adaflash_hf.generate(target, drafter, input_ids, attention_mask, ...), which "
                 "advances every row by its own accepted length."
             )
+        check_token_ids(input_ids, self.get_input_embeddings().weight.shape[0])  # before the target's first forward
         previous = getattr(self, "adaflash_last_generator", None)
         if previous is not None:
             previous.finish()
@@ -191,6 +206,7 @@ def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy |
     if not getattr(type(target), "_adaflash_enabled", False):
         cls = type(target)
         target.__class__ = type(cls.__name__, (cls,), {
+            "generate": _generate,
             "_get_candidate_generator": _get_candidate_generator,
             "_adaflash_enabled": True,
             "__module__": cls.__module__,

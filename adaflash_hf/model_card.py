@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import command_line
+from .cli_args import command_line
 from .targets import PRESETS
 from .training.trainer import TrainDrafterConfig
 

@@ -17,17 +17,20 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
+from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
 from .targets import DEFAULT_TARGET, PRESETS
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
 class ProfileArgs:
     target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), folder or Hub id."})
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), a folder or a Hub id."})
-    dtype: str = field(default="bf16", metadata={"help": "bf16 or fp32."})
+    dtype: str = dtype_field()
     prompts: str = field(default="eval", metadata={"help": "'eval' (held-out preset prompts) or a JSONL file of {prompt, domain}."})
     domains: str = field(default="code,math,chat", metadata={"help": "Comma-separated domains of the preset eval set."})
     num_prompts: int = field(default=2, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
@@ -36,14 +39,21 @@ class ProfileArgs:
     json: str = field(default="profile.json", metadata={"help": "Where to write the JSON results."})
 
     def __post_init__(self):
-        if self.num_prompts < 1 or self.max_new_tokens < 8:
-            raise ValueError("--num-prompts must be >= 1 and --max-new-tokens >= 8.")
+        if self.num_prompts < 1:
+            raise ValueError(f"--num-prompts {self.num_prompts}: must be >= 1.")
+        if self.max_new_tokens < 8:
+            raise ValueError(f"--max-new-tokens {self.max_new_tokens}: profile needs at least 8 new tokens per prompt.")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"--num-threads must be >= 1, got {self.num_threads}.")
+        check_choice("--dtype", self.dtype, DTYPES)
+        if self.prompts != "eval" and not Path(self.prompts).is_file():
+            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                                    "or a JSONL file of {prompt, domain} lines.")
 
 
 def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: int = 9) -> dict[int, float]:
     """Median milliseconds of one cached target forward with k new tokens after ``input_ids``."""
+    import torch
     from transformers import DynamicCache
 
     from ._compat import CACHE_KWARG
@@ -65,18 +75,19 @@ def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: in
 
 
 def run_profile(args: ProfileArgs) -> int:
+    import torch
+
     from . import DraftingConfig, DraftingState, FixedVerifyLength, generate, load_target
     from .bench import code_provenance, load_bench_prompts
-    from .cli import command_line, encode_prompt
     from .drafters import load_drafter
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     drafter = load_drafter(args.drafter, target, target_name=args.target)
-    prompts = [encode_prompt(tokenizer, item["prompt"], raw=False).to(target.device) for item in load_bench_prompts(args)]
+    prompts = [encode_prompt(tokenizer, item["prompt"]).to(target.device) for item in load_bench_prompts(args)]
     pad = tokenizer.pad_token_id
-    warm = encode_prompt(tokenizer, "Hi!", raw=False)
+    warm = encode_prompt(tokenizer, "Hi!")
     configs = {
         "drafter block only (whole block)": dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength()),
         "suffix matches only": dict(drafting=DraftingConfig.only("suffix")),

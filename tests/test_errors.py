@@ -88,3 +88,124 @@ def test_drafter_on_other_device_or_dtype_is_reported(target, drafter):
     wrong = drafter.to(torch.float64)
     with pytest.raises(ValueError, match="dtype"):
         target.generate(torch.tensor([[5, 6, 7]]), assistant_model=wrong, max_new_tokens=3)
+
+
+def test_token_ids_outside_the_vocabulary_are_named():
+    from adaflash_hf.checks import check_prompt_batch
+
+    ids = torch.tensor([[5, 6, 7], [8, 99, 100]])
+    mask = torch.ones_like(ids)
+    with pytest.raises(ValueError, match=r"token id 99 \(row 1, position 1; 2 such ids in all\) is outside the target's "
+                                         r"vocabulary of 48 ids \[0, 48\)"):
+        check_prompt_batch(ids, mask, vocab_size=48)
+    with pytest.raises(ValueError, match=r"token id -1 \(row 0, position 0\)"):
+        check_prompt_batch(torch.tensor([[-1, 5]]), None, vocab_size=48)
+    assert check_prompt_batch(ids, mask).equal(mask)  # without vocab_size nothing is checked
+    with pytest.raises(ValueError, match="integer token ids.*torch.float32"):
+        check_prompt_batch(torch.tensor([[5.0, 6.0]]), None)
+
+
+def test_token_ids_outside_the_vocabulary_through_transformers_generate(target, drafter):
+    enable_adaflash(target)
+    with pytest.raises(ValueError, match=r"token id 4000 \(row 0, position 1\) is outside the target's vocabulary of 48"):
+        target.generate(torch.tensor([[5, 4000, 7]]), assistant_model=drafter, max_new_tokens=3)
+
+
+def test_beam_search_with_an_adaflash_drafter_is_refused(target, drafter):
+    enable_adaflash(target)
+    with pytest.raises(ValueError, match="num_beams=2 asks for beam search, which an AdaFlash drafter cannot speed up"):
+        target.generate(torch.tensor([[5, 6, 7]]), assistant_model=drafter, max_new_tokens=3, num_beams=2)
+    target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, num_beams=2)  # beam search alone is untouched
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(do_sample=True, top_p=1.5), r"top_p=1.5: must be in \(0, 1\]"),
+        (dict(do_sample=True, top_p=0.0), "top_p=0.0"),
+        (dict(do_sample=True, temperature=-1.0), "temperature=-1.0: sampling needs temperature > 0"),
+        (dict(do_sample=True, top_k=-3), "top_k=-3"),
+    ],
+)
+def test_out_of_range_sampling_values(target, drafter, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=3, **kwargs)
+
+
+def test_load_drafter_says_what_it_accepts(target, tmp_path):
+    from adaflash_hf import load_drafter
+
+    with pytest.raises(FileNotFoundError, match=r"no drafter folder .*nope: a drafter is 'auto' \(the bundled drafter of a "
+                                                r"preset target: .*smollm2-135m\), 'fresh' .*, a local folder with "
+                                                r"config.json, or a Hub id \(owner/name\)"):
+        load_drafter(str(tmp_path / "nope"), target)
+    with pytest.raises(FileNotFoundError, match="no drafter folder ./runs/nope"):
+        load_drafter("./runs/nope", target)  # looks like owner/name, but a relative path is never a Hub id
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_drafter(str(tmp_path / "empty"), target)
+    (tmp_path / "file.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        load_drafter(str(tmp_path / "file.bin"), target)
+
+
+def test_a_drafter_config_missing_fields_names_them(drafter, tmp_path):
+    import json
+
+    drafter.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["hidden_size"], config["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"the drafter config in {tmp_path} lacks hidden_size, num_key_value_heads: these "
+                                         "fields fix the shapes"):
+        AdaFlashDrafter.from_pretrained(tmp_path)
+
+
+def test_a_model_that_is_not_a_drafter_is_named(target, tmp_path):
+    target.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"{tmp_path} holds a `{target.config.model_type}` model, not a drafter"):
+        AdaFlashDrafter.from_pretrained(tmp_path)
+
+
+def test_reloading_an_exported_dflash_folder_warns_nothing(drafter, tmp_path, caplog):
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from adaflash_hf.dflash_format import save_dflash_checkpoint
+
+    save_dflash_checkpoint(drafter, tmp_path, dtype=torch.float32)
+    hf_logging.enable_propagation()  # let caplog see transformers' warnings
+    try:
+        with caplog.at_level(logging.WARNING, logger="transformers"):
+            loaded = AdaFlashDrafter.from_pretrained(tmp_path)
+    finally:
+        hf_logging.disable_propagation()
+    assert "You are using a model of type" not in caplog.text
+    assert loaded.config.model_type == "adaflash_drafter" and loaded.config.block_size == drafter.config.block_size
+
+
+def test_chat_prompt_ids_refuses_what_it_cannot_encode():
+    from test_integration import word_tokenizer
+
+    from adaflash_hf.prompting import chat_prompt_ids
+
+    tokenizer = word_tokenizer()  # no chat template: text is tokenized as is
+    assert chat_prompt_ids(tokenizer, "w5 w6") == [5, 6]
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        chat_prompt_ids(tokenizer, "")
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_prompt_ids(tokenizer, [{"role": "user", "content": "w5"}])
+    with pytest.raises(ValueError, match="non-empty list of"):
+        chat_prompt_ids(tokenizer, [{"text": "w5"}])
+
+
+def test_every_row_of_the_bad_inputs_table_names_a_real_test():
+    import re
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", (here / "BAD_INPUTS.md").read_text())
+    assert len(named) >= 25
+    for file, test in named:
+        assert f"def {test}(" in (here / file).read_text(), f"BAD_INPUTS.md names {file}::{test}, which does not exist"

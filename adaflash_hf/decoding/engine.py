@@ -77,7 +77,8 @@ def generate(
             f"adaflash_hf.generate got unknown arguments {sorted(unused)}; it takes GenerationConfig fields "
             "(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id)."
         )
-    attention_mask = check_prompt_batch(input_ids, attention_mask, streamer)
+    attention_mask = check_prompt_batch(input_ids, attention_mask, streamer,
+                                        vocab_size=target.get_input_embeddings().weight.shape[0])
     if config.max_new_tokens is None:  # as generate(): max_length bounds prompt + new tokens
         config.max_new_tokens = config.max_length - input_ids.shape[1]
     params = sampling_params_from(config)

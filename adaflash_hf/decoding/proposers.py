@@ -59,6 +59,15 @@ class DraftingConfig:
             raise ValueError("DraftingConfig switches every source off; enable at least one of drafter, suffix, global_index, datastore.")
 
     @classmethod
+    def from_sources(cls, sources: str) -> DraftingConfig:
+        """A config from a comma-separated subset of ``drafter,suffix,global,datastore`` (the CLI's ``--sources``)."""
+        chosen = {s.strip() for s in sources.split(",") if s.strip()}
+        if not chosen or chosen - set(SOURCES):
+            raise ValueError(f"--sources {sources!r}: choose one or more of {', '.join(SOURCES)}.")
+        return cls(drafter="drafter" in chosen, suffix="suffix" in chosen, global_index="global" in chosen,
+                   datastore="datastore" in chosen)
+
+    @classmethod
     def only(cls, source: str) -> DraftingConfig:
         """A config with one source switched on (``drafter``, ``suffix``, ``global`` or ``datastore``)."""
         if source not in SOURCES:

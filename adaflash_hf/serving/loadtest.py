@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -72,30 +71,6 @@ def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int)
                          verify_policy=FixedVerifyLength(1), model_name=method)
     policy = FixedVerifyLength(int(n)) if n else None
     return Scheduler(target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method)
-
-
-class ServerThread:
-    """uvicorn serving ``app`` on a free localhost port, in a background thread."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the benchmark's HTTP server did not start")
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 def peak_rss_mb() -> float:
@@ -200,7 +175,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     from ..data import load_prompts
     from ..drafters import load_drafter
     from ..targets import load_target
-    from .server import create_app
+    from .server import ServerThread, create_app
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)

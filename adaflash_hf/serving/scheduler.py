@@ -11,11 +11,13 @@ to each request's asyncio queue. Callers live on an asyncio loop::
         ...
     scheduler.stop()
 
-Admission (the adaptive part): a request joins when the batch has room (``max_batch_size``), the
-round's prefill budget is not spent (``max_prefill_tokens``, so a burst of long prompts does not
-stall the rows already decoding), and the verify cost measured on this machine says one more row
-does not raise the cost per row. How many tokens each row verifies is the verify policy's choice,
-from the same cost model: under load it shortens drafts, down to plain steps when they do not pay.
+Admission (the adaptive part): a request joins when the batch has room (``max_batch_size``) and the
+prefill budget between two rounds is not spent. The budget comes from the forward cost measured on
+this machine (profiled at start-up, updated as rounds run): the prompt tokens whose prefill takes
+about ``prefill_rounds`` decode rounds of the current batch, so a burst of long prompts joins over
+several rounds instead of stalling every running stream. How many tokens each row verifies is the
+verify policy's choice, from the same cost model: under load it shortens drafts, down to plain
+steps when they do not pay.
 The queue is bounded (``max_queue``): past it :meth:`Scheduler.submit` raises :class:`QueueFull`
 with a retry hint. All statistics are bounded counters, so a server can run for days.
 """
@@ -45,13 +47,16 @@ class SchedulerConfig:
     max_batch_size: int = field(default=32, metadata={"help": "Most requests decoding at once."})
     max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429."})
     max_prefill_tokens: int = field(default=4096, metadata={"help": "Most prompt tokens admitted between two rounds."})
-    adaptive_admission: bool = field(default=True, metadata={"help": "Admit a request only while the measured cost per row does not rise."})
+    adaptive_admission: bool = field(default=True, metadata={"help": "Cap the prompt tokens prefilled between two rounds at what the measured cost says takes prefill_rounds decode rounds (at least one request joins per round), so running requests keep streaming while new ones join."})
+    prefill_rounds: float = field(default=4.0, metadata={"help": "With adaptive admission: decode rounds' worth of time one admission may take."})
     calibrate: bool = field(default=True, metadata={"help": "Time target forwards of 1 to max_batch_size x (block + 1) tokens at start-up, so verify lengths and admission know this machine's costs from the first request."})
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1.")
+        if not self.prefill_rounds > 0:
+            raise ValueError(f"prefill_rounds={self.prefill_rounds}: must be > 0.")
 
 
 @dataclass
@@ -318,14 +323,12 @@ class Scheduler:
     def _admit(self) -> list[RequestStream]:
         """Pop the requests that may join before the next round (lock held)."""
         admitted, tokens = [], 0
+        budget = self._prefill_budget()
         while self._queue:
-            b = len(self._active) + len(admitted)
             candidate = self._queue[0]
-            if b >= self.config.max_batch_size:
+            if len(self._active) + len(admitted) >= self.config.max_batch_size:
                 break
-            if admitted and tokens + len(candidate.prompt_ids) > self.config.max_prefill_tokens:
-                break
-            if b and self.config.adaptive_admission and not self._row_pays(b):
+            if admitted and tokens + len(candidate.prompt_ids) > budget:
                 break
             self._queue.popleft()
             candidate.admitted = time.perf_counter()
@@ -334,12 +337,23 @@ class Scheduler:
             tokens += len(candidate.prompt_ids)
         return admitted
 
-    def _row_pays(self, b: int) -> bool:
-        """Whether one more row keeps the measured verify cost per row from rising (plain-step widths)."""
+    def _prefill_budget(self) -> int:
+        """Prompt tokens that may be prefilled before the next round (lock held).
+
+        With adaptive admission and rows decoding, it is the largest count whose measured forward cost
+        fits in ``prefill_rounds`` plain rounds of the current batch, so a burst of long prompts joins
+        over several rounds instead of stalling every running stream at once.
+        """
+        cap = self.config.max_prefill_tokens
         cost = self.drafting_state.cost_model
-        if not cost.seconds:
-            return True
-        return cost.cost(b + 1) / (b + 1) <= cost.cost(b) / b * 1.02
+        if not self.config.adaptive_admission or not self._active or not cost.seconds:
+            return cap
+        allowed = self.config.prefill_rounds * cost.cost(len(self._active))
+        low, high = 1, cap
+        while low < high:  # largest n with cost(n) <= allowed (cost grows with n)
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if cost.cost(mid) <= allowed else (low, mid - 1)
+        return low
 
     def _drop(self, cancelled: set[str]) -> None:
         ids = [i for i in cancelled if i in self._active]

@@ -1,5 +1,11 @@
-"""Offline drafter training: losses, anchor/block layout, training data and the trainer."""
-
-from adaflash_hf.training.trainer import TrainDrafterConfig, train_drafter
+"""Offline drafter training: losses, anchor/block layout, training data and the trainer (loaded on first use)."""
 
 __all__ = ["TrainDrafterConfig", "train_drafter"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'adaflash_hf.training' has no attribute {name!r}")

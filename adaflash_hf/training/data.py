@@ -26,6 +26,9 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..cli_args import DTYPES, check_choice, dtype_field
+from ..prompting import chat_prompt_ids
+
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
@@ -101,14 +104,6 @@ def target_features(target: PreTrainedModel, batch: Batch, layer_ids: list[int])
     labels = torch.full_like(batch.input_ids, IGNORE_INDEX, device=device)
     labels[:, 1:] = out.logits[:, :-1].max(-1).indices  # argmax; max() is ~2.5x faster on bf16 CPU tensors
     return TargetFeatures(context, labels, out.logits)
-
-
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Token ids of a one-turn user prompt with the chat template and the assistant header."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
 def pack_corpus(tokenizer: PreTrainedTokenizerBase, texts: list[str], seq_len: int) -> list[TrainingSequence]:
@@ -255,7 +250,7 @@ class GenerateDataConfig:
 
     data_dir: str = field(metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."})
     target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
-    target_dtype: str = field(default="bf16", metadata={"help": "dtype of the target: bf16 or fp32."})
+    target_dtype: str = dtype_field()
     drafter: str = field(default="none", metadata={"help": "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens."})
     train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."})
     prompts_per_domain: int = field(default=10_000, metadata={"help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value finds the same cache)."})
@@ -271,8 +266,9 @@ class GenerateDataConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
-        if self.target_dtype not in ("bf16", "fp32"):
-            raise ValueError(f"target_dtype must be 'bf16' or 'fp32', got {self.target_dtype!r}.")
+        check_choice("target_dtype", self.target_dtype, DTYPES)
+        if not self.train_domains:
+            raise ValueError("train_domains is empty: give at least one domain.")
 
 
 def generate_data(config: GenerateDataConfig) -> int:
@@ -283,7 +279,7 @@ def generate_data(config: GenerateDataConfig) -> int:
 
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
-    target, tokenizer = load_target(config.target, dtype=torch.bfloat16 if config.target_dtype == "bf16" else torch.float32)
+    target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     drafter = None if config.drafter == "none" else load_drafter(config.drafter, target, target_name=config.target)
     prompts = load_prompts(config.train_domains, split="train", limit_per_domain=config.prompts_per_domain, seed=config.seed)
     sequences = generate_responses(target, tokenizer, list(prompts["prompt"]), Path(config.data_dir) / "train",

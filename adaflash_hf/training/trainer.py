@@ -30,6 +30,7 @@ from accelerate.utils import extract_model_from_parallel
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..cli_args import DTYPES, check_choice, dtype_field
 from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids, sample_anchors
@@ -57,7 +58,7 @@ class TrainDrafterConfig:
 
     output_dir: str = field(metadata={"help": "Folder for data cache, checkpoints, metrics and the final drafter."})
     target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
-    target_dtype: str = field(default="bf16", metadata={"help": "dtype of the frozen target: bf16 or fp32."})
+    target_dtype: str = dtype_field("the frozen target")
     num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
     intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
     block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
@@ -128,8 +129,7 @@ class TrainDrafterConfig:
             raise ValueError(f"intermediate_size must be >= 1 or None, got {self.intermediate_size}.")
         if self.seq_len < 2 * self.block_size:
             raise ValueError(f"seq_len ({self.seq_len}) must be at least 2 * block_size ({2 * self.block_size}).")
-        if self.target_dtype not in ("bf16", "fp32"):
-            raise ValueError(f"target_dtype must be 'bf16' or 'fp32', got {self.target_dtype!r}.")
+        check_choice("target_dtype", self.target_dtype, DTYPES)
         if not self.train_domains:
             raise ValueError("train_domains is empty.")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
@@ -440,7 +440,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     if target is None or tokenizer is None:
         from ..targets import load_target
 
-        target, tokenizer = load_target(config.target, dtype=torch.bfloat16 if config.target_dtype == "bf16" else torch.float32)
+        target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     target = target.to(accelerator.device).eval().requires_grad_(False)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

@@ -79,6 +79,11 @@ class PrepareDrafterConfig:
             raise ValueError(f"corpus_tokens must be >= 0, got {self.corpus_tokens}.")
         if not 0 < self.min_coverage <= 1:
             raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise FileNotFoundError(f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
+                                    f"--data-dir {self.data_dir}`.")
+        if self.data_dir is None and not self.corpus_tokens:
+            raise ValueError("nothing to count: give data_dir (cached responses from adaflash generate-data) or corpus_tokens > 0.")
 
 
 SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
@@ -118,7 +123,7 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     train = read_cached_sequences(Path(config.data_dir) / "train") if config.data_dir else []
     responses = [s.input_ids[s.start :].tolist() for s in train]
     if not train and not config.corpus_tokens:
-        raise SystemExit(f"error: no cached responses under {config.data_dir}/train; run `adaflash generate-data --data-dir "
+        raise ValueError(f"no cached responses under {config.data_dir}/train: run `adaflash generate-data --data-dir "
                          f"{config.data_dir}` first, or count the target's predictions on corpus text with --corpus-tokens N.")
     held_out = read_cached_sequences(Path(config.data_dir) / "eval") if config.data_dir else []
     if train and not held_out:  # no eval cache: hold out every tenth training response

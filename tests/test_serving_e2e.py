@@ -1,0 +1,102 @@
+"""The real serving stack end to end: OpenAI client -> HTTP server -> Scheduler -> SpeculativeBatch.
+
+fp32 greedy outputs through the server equal the target's own output for every request, while requests
+join and leave mid-generation (staggered starts, different lengths, one client that disconnects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from fake_scheduler import tiny_chat_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from adaflash_hf import AdaFlashDrafter
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
+    from adaflash_hf.serving.server import ServerThread, create_app
+
+    tokenizer = tiny_chat_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    target = LlamaForCausalLM(config).eval()
+    target.generation_config.eos_token_id = tokenizer.eos_token_id
+    target.generation_config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(1)
+    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
+    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=3, calibrate=False), model_name="tiny")
+    with ServerThread(create_app(scheduler)) as url:
+        yield f"{url}/v1", target, tokenizer, scheduler
+
+
+def reference_text(target, tokenizer, prompt: list[int], max_new_tokens: int) -> str:
+    out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                          pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, len(prompt):], skip_special_tokens=True)
+
+
+def test_greedy_outputs_through_the_server_equal_the_target(stack):
+    url, target, tokenizer, scheduler = stack
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, len(tokenizer), (n,), generator=generator).tolist() for n in (5, 12, 7, 9, 4, 15)]
+    budgets = [24, 10, 30, 16, 20, 12]
+    before = scheduler.status()["counters"]
+
+    async def one(client, i):
+        await asyncio.sleep(0.02 * i)  # later requests join a running batch; short ones leave early
+        if i % 2:
+            text = ""
+            stream = await client.completions.create(model="tiny", prompt=prompts[i], max_tokens=budgets[i],
+                                                     temperature=0, stream=True)
+            async for chunk in stream:
+                text += chunk.choices[0].text if chunk.choices else ""
+            return text
+        reply = await client.completions.create(model="tiny", prompt=prompts[i], max_tokens=budgets[i], temperature=0)
+        return reply.choices[0].text
+
+    async def disconnecting(client):
+        stream = await client.completions.create(model="tiny", prompt=prompts[0], max_tokens=200, temperature=0, stream=True)
+        async for _ in stream:
+            break
+        await stream.close()
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+            results = await asyncio.gather(disconnecting(client), *(one(client, i) for i in range(len(prompts))))
+        return results[1:]
+
+    texts = asyncio.run(main())
+    for i, text in enumerate(texts):
+        assert text == reference_text(target, tokenizer, prompts[i], budgets[i]), f"request {i}"
+    deadline = time.monotonic() + 10
+    while scheduler.status()["active"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = scheduler.status()["counters"]
+    assert after["finished"] - before["finished"] == len(prompts)
+    assert after["cancelled"] - before["cancelled"] == 1
+
+
+def test_the_load_generator_reports_every_request(stack):
+    from adaflash_hf.serving.loadtest import drive, percentile, summarise
+
+    url, _, _, scheduler = stack
+    before = scheduler.status()
+    prompts = ["Hello there", "wörld café", "你好", "Emoji 🙂", "naïve"]
+    records, seconds, peak = asyncio.run(drive(url.removesuffix("/v1"), "tiny", prompts, concurrency=2, max_tokens=6))
+    row = summarise("adaflash", 2, records, seconds, peak, before, scheduler.status())
+    assert row["num_requests"] == len(prompts) and row["output_tokens"] == sum(r["tokens"] for r in records) > 0
+    assert 0 < row["p50_latency_s"] <= row["p99_latency_s"] and row["ttft_p50_s"] is not None
+    assert row["mean_accepted_length"] >= 1 and row["peak_rss_mb"] > 0
+    assert all(r["queue_wait_s"] is not None for r in records)
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
