@@ -7,6 +7,8 @@ Public API:
 - ``generate(target, drafter, input_ids, attention_mask=None, **generation_kwargs)``: batched engine.
 - ``load_target(name_or_path, dtype=None, device=None)``: presets, local folders, GGUF files, Hub ids.
 - ``load_drafter(name_or_path, target, target_name=None)``: bundled drafters, folders, Hub ids, fresh.
+- ``AdaFlashLengthHead`` / ``load_length_head`` / ``LengthHeadVerifyLength``: the adaptive length head and
+  the verify-length policy that reads it.
 
 Names load on first use (PEP 562), so ``import adaflash_hf`` and the CLI's ``--help`` stay instant; the
 first use of any of them also registers the drafter with ``AutoConfig``/``AutoModel``.
@@ -18,6 +20,9 @@ _EXPORTS = {
     "AdaFlashCandidateGenerator": ".integration",
     "AdaFlashDrafter": ".modeling_adaflash",
     "AdaFlashDrafterConfig": ".configuration_adaflash",
+    "AdaFlashLengthHead": ".modeling_length_head",
+    "AdaFlashLengthHeadConfig": ".configuration_length_head",
+    "LengthHeadVerifyLength": ".decoding.policy",
     "DraftingConfig": ".decoding.proposers",
     "DraftingState": ".decoding.proposers",
     "FixedVerifyLength": ".decoding.policy",
@@ -29,6 +34,7 @@ _EXPORTS = {
     "generate": ".decoding.engine",
     "last_generation_stats": ".integration",
     "load_drafter": ".drafters",
+    "load_length_head": ".training.length_head",
     "load_target": ".targets",
 }
 __all__ = sorted(_EXPORTS)
@@ -53,3 +59,7 @@ def _register_auto_classes() -> None:
 
     AutoConfig.register(AdaFlashDrafterConfig.model_type, AdaFlashDrafterConfig, exist_ok=True)
     AutoModel.register(AdaFlashDrafterConfig, AdaFlashDrafter, exist_ok=True)
+
+    from .modeling_length_head import register as register_length_head
+
+    register_length_head()

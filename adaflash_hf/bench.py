@@ -54,8 +54,13 @@ class BenchArgs:
     dtype: str = dtype_field()
     json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
     plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
+    concurrency: str = field(default="", metadata={"help": "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash (default: plain,adaflash@16,adaflash@4,adaflash)."})
+    requests: int = field(default=0, metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 8)."})
 
     def __post_init__(self):
+        if self.concurrency:
+            self.serving_args()  # validates the concurrency benchmark's own methods and levels
+            return
         unknown = {m for m in self.method_list if m.partition("@")[0] not in METHODS}
         if unknown:
             raise ValueError(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)} (or adaflash@N).")
@@ -79,6 +84,15 @@ class BenchArgs:
         if self.prompts != "eval" and not Path(self.prompts).is_file():
             raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
                                     "or a JSONL file of {prompt, domain} lines.")
+
+    def serving_args(self):
+        """The :class:`~adaflash_hf.serving.loadtest.ConcurrencyBenchArgs` for ``--concurrency``."""
+        from .serving.loadtest import ConcurrencyBenchArgs
+
+        methods = self.methods if self.methods != BenchArgs.methods else ConcurrencyBenchArgs.methods
+        return ConcurrencyBenchArgs(target=self.target, drafter=self.drafter, concurrency=self.concurrency, methods=methods,
+                                    requests=self.requests, max_new_tokens=self.max_new_tokens, domains=self.domains,
+                                    dtype=self.dtype, num_threads=self.num_threads, json=self.json, plot=self.plot)
 
     @property
     def method_list(self) -> list[str]:
@@ -136,6 +150,10 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 
 def run_bench(args: BenchArgs) -> int:
+    if args.concurrency:
+        from .serving.loadtest import run_concurrency_bench
+
+        return run_concurrency_bench(args.serving_args())
     import torch
 
     from . import (

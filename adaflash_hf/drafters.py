@@ -18,6 +18,7 @@ from .targets import HUB_ID
 logger = logging.getLogger(__name__)
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
+LENGTH_HEAD_SUFFIX = "-length-head"  # bundled/<preset>-length-head holds the preset's length head, not a drafter
 
 
 def bundled_drafter_path(target_name: str) -> Path | None:
@@ -62,7 +63,7 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
 
 def _drafter_source(name_or_path: str) -> str:
     """A local drafter folder or a Hub id, checked so that a typo gets an error that says what is accepted."""
-    bundled = sorted(p.parent.name for p in BUNDLED_DIR.glob("*/config.json"))
+    bundled = sorted(p.parent.name for p in BUNDLED_DIR.glob("*/config.json") if not p.parent.name.endswith(LENGTH_HEAD_SUFFIX))
     accepted = (f"a drafter is 'auto' (the bundled drafter of a preset target: {', '.join(bundled) or 'none installed'}), "
                 "'fresh' (untrained, sized for the target), a local folder with config.json, or a Hub id (owner/name)")
     path = Path(name_or_path).expanduser()

@@ -121,7 +121,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
 
         proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)
         draft_hidden = drafted.get("hidden")
-        verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden)[0]) if proposal.tokens.shape[1] else 1
+        verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)[0]) if proposal.tokens.shape[1] else 1
         num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
         if num_drafts <= 0:
             self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), drafted.get("seconds"))

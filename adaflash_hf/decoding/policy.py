@@ -5,28 +5,50 @@ values in [1, m + 1] for a proposal of m drafts, and a row verifies ``verify_len
 plain decode step). The engine runs one target forward over the longest row's verify length and caps
 each row's acceptance at its own.
 
-A policy sees the estimated conditional acceptance of every proposed draft and the drafter's hidden
-states for the block (the adaptive length head reads them), and is told what each round cost and
-accepted, so it can adapt to the machine and the load.
+A policy sees the estimated conditional acceptance of every proposed draft, the drafter's hidden
+states for the block (the adaptive length head reads them) and, optionally, where each row's drafts
+came from; it is told what each round cost and accepted, so it can adapt to the machine and the load.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .cost import VerifyCostModel
 
+if TYPE_CHECKING:
+    from ..modeling_length_head import AdaFlashLengthHead
+
 
 class VerifyLengthPolicy(Protocol):
-    def verify_lens(self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None) -> torch.Tensor:
+    def verify_lens(
+        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+    ) -> torch.Tensor:
         """rates (b, m) estimated P(accept draft k | drafts < k accepted), 0 past a row's proposal;
-        draft_hidden_states (b, B, H) or None when no drafter ran -> verify_len (b,) long in [1, m + 1]."""
+        draft_hidden_states (b, B, H) or None when no drafter ran; sources per row ("drafter", "suffix",
+        "global", "datastore" or "none"), None when unknown -> verify_len (b,) long in [1, m + 1]."""
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
         """Feedback after verification: accepted drafts (b,), verify lengths (b,), seconds spent."""
+
+
+def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_verify_len: int | None = None) -> int:
+    """The verify length g + 1 that maximises the batch's expected tokens per second.
+
+    rates (b, m) conditional acceptance rates. Expected tokens of the batch when every row verifies
+    g drafts: sum over rows of 1 + sum_{k<=g} prod_{j<=k} a_j (DESIGN §2); cost: one forward over
+    b * (g + 1) new tokens. The forward is rectangular, so one g serves the whole batch.
+    """
+    b, m = rates.shape
+    if max_verify_len is not None:
+        m = min(m, max_verify_len - 1)
+    expected = torch.cat([torch.zeros(b, 1), rates[:, :m].float().cpu().cumprod(-1).cumsum(-1)], dim=1)  # (b, m + 1): E[g]
+    tokens = (1 + expected).sum(0)  # (m + 1,) expected tokens of the batch for g = 0..m
+    costs = torch.tensor([cost_model.cost(b * (g + 1)) for g in range(m + 1)])
+    return int((tokens / costs).argmax()) + 1
 
 
 @dataclass
@@ -39,7 +61,9 @@ class FixedVerifyLength:
         if self.verify_len is not None and self.verify_len < 1:
             raise ValueError(f"verify_len={self.verify_len}: must be >= 1 (the anchor plus any drafts).")
 
-    def verify_lens(self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None) -> torch.Tensor:
+    def verify_lens(
+        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+    ) -> torch.Tensor:
         length = rates.shape[1] + 1 if self.verify_len is None else min(self.verify_len, rates.shape[1] + 1)
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
@@ -60,16 +84,55 @@ class GoodputVerifyLength:
     max_verify_len: int | None = None
     cost_model: VerifyCostModel | None = None
 
-    def verify_lens(self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None) -> torch.Tensor:
-        b, m = rates.shape
-        if self.max_verify_len is not None:
-            m = min(m, self.max_verify_len - 1)
-        expected = torch.cat([torch.zeros(b, 1), rates[:, :m].float().cumprod(-1).cumsum(-1)], dim=1)  # (b, m + 1): E[g]
-        tokens = (1 + expected).sum(0)  # (m + 1,) expected tokens of the batch for g = 0..m
-        cost_model = self.cost_model or VerifyCostModel()
-        costs = torch.tensor([cost_model.cost(b * (g + 1)) for g in range(m + 1)])
-        g = int((tokens / costs).argmax())
-        return torch.full((b,), g + 1, dtype=torch.long)
+    def verify_lens(
+        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+    ) -> torch.Tensor:
+        length = goodput_verify_len(rates, self.cost_model or VerifyCostModel(), self.max_verify_len)
+        return torch.full((rates.shape[0],), length, dtype=torch.long)
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
         pass  # the engine feeds the cost model
+
+
+class LengthHeadVerifyLength(GoodputVerifyLength):
+    """:class:`GoodputVerifyLength` with the drafter rows' rates predicted by an adaptive length head.
+
+    For every row whose drafts came from the drafter, the estimated rates are replaced by the
+    head's conditional acceptance rates, read from that row's drafter hidden states with the estimated
+    rates as the head's prior (:class:`~adaflash_hf.modeling_length_head.AdaFlashLengthHead`); suffix
+    rows keep the estimator's. ``sources=None`` (an engine that does not pass them) means every row
+    drafted with the drafter whenever the drafter ran, which is exact with ``DraftingConfig.only("drafter")``.
+
+    A subclass, so the engine binds its measured cost model exactly as for the goodput policy.
+    """
+
+    def __init__(self, head: AdaFlashLengthHead, cost_model: VerifyCostModel | None = None, max_verify_len: int | None = None):
+        super().__init__(max_verify_len=max_verify_len, cost_model=cost_model)
+        self.head = head
+
+    def head_rates(
+        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+    ) -> torch.Tensor:
+        """rates (b, m) with the drafter rows' first B - 1 entries replaced by the head's predictions."""
+        if draft_hidden_states is None:
+            return rates
+        rows = list(range(rates.shape[0])) if sources is None else [i for i, s in enumerate(sources) if s == "drafter"]
+        if not rows:
+            return rates
+        head = self.head
+        index = torch.tensor(rows, device=draft_hidden_states.device)
+        hidden = draft_hidden_states.index_select(0, index).to(device=head.device, dtype=head.dtype)  # (r, B, H)
+        num_drafts = hidden.shape[1] - 1
+        n = min(num_drafts, rates.shape[1])
+        rates = rates.float().cpu().clone()
+        prior = torch.zeros(len(rows), num_drafts)  # (r, B - 1): the estimator's rates, 0 past a proposal
+        prior[:, :n] = rates[rows, :n]
+        with torch.inference_mode():
+            predicted = head(hidden, prior.to(head.device)).rates.float().cpu()  # (r, B - 1)
+        rates[rows, :n] = predicted[:, :n]
+        return rates
+
+    def verify_lens(
+        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+    ) -> torch.Tensor:
+        return super().verify_lens(self.head_rates(rates, draft_hidden_states, sources), draft_hidden_states, sources)

@@ -308,15 +308,17 @@ class SpeculativeBatch:
         _select_rows(self.draft_cache, index)
 
     def _compact(self, force: bool = True) -> None:
-        """Squeeze holes out of the drafter-cached part of the caches (all slots without a drafter)."""
+        """Squeeze holes out of the drafter-cached part of the caches (all slots without a drafter).
+
+        Rows keep different numbers of tokens, so packing can only free the columns that every row
+        has a hole in after right-alignment; without ``force`` it runs when those are a quarter of the part.
+        """
         cached = self.draft_cache.get_seq_length() if self.use_drafter else self.num_slots
         if cached == 0:
             return
         region = self.slot_mask[:, :cached]
-        holes = region.numel() - int(region.sum())
-        if not force and (cached < self.compact_min_slots or holes * 2 < region.numel()):
-            return
-        if holes == 0:
+        removable = cached - int(region.sum(-1).max())  # slot columns that packing would free
+        if removable == 0 or (not force and (cached < self.compact_min_slots or removable * 4 < cached)):
             return
         index = packed_index(region)
         rest = torch.arange(cached, self.num_slots, device=self.device).expand(len(self.ids), -1)
@@ -351,7 +353,7 @@ class SpeculativeBatch:
             self.pending_hidden = self.pending_hidden[:, :0]
             self.pending_pos = self.pending_pos[:, :0]
         budget = torch.tensor([self.specs[r].max_new_tokens - self.num_new[r] for r in self.ids])
-        verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden).cpu().clamp(1, proposal.tokens.shape[1] + 1)
+        verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources).cpu().clamp(1, proposal.tokens.shape[1] + 1)
         num_drafts = torch.minimum(torch.minimum(verify_lens - 1, proposal.lengths), budget - 1).clamp_min(0)
         g = int(num_drafts.max())
         draft_tokens = proposal.tokens[:, :g].to(device)

@@ -16,6 +16,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..cli_args import DTYPES, check_choice, dtype_field
+
 METHODS = ("plain", "adaflash")
 
 
@@ -29,7 +31,7 @@ class ConcurrencyBenchArgs:
     requests: int = field(default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 8)."})
     max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
     domains: str = field(default="code,math,chat,news", metadata={"help": "Domains of the held-out eval prompts."})
-    dtype: str = field(default="bf16", metadata={"help": "bf16 or fp32."})
+    dtype: str = dtype_field()
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
     json: str = field(default="bench_concurrency.json", metadata={"help": "Where to write the JSON results."})
     plot: str = field(default="bench_concurrency.png", metadata={"help": "Throughput against concurrency plot ('' to skip)."})
@@ -44,6 +46,7 @@ class ConcurrencyBenchArgs:
                 raise ValueError(f"method {method!r}: choose from plain, adaflash, adaflash@N (N >= 1).")
         if self.requests < 0 or self.max_new_tokens < 1:
             raise ValueError("--requests must be >= 0 and --max-new-tokens >= 1.")
+        check_choice("--dtype", self.dtype, DTYPES)
 
     @property
     def levels(self) -> list[int]:
