@@ -29,15 +29,44 @@ def timer(device: torch.device | str) -> float:
 
 
 class VerifyCostModel:
-    """Seconds of one target forward with ``n`` new tokens: measured EMA, prior slope where unmeasured."""
+    """Seconds of one target forward: by new tokens for one row, and by (rows, tokens per row) for batches.
+
+    One row of n tokens and n rows of one token are not the same forward: every row attends over its
+    own cache. So the model keeps three tables: ``seconds`` by token count (one row: batch-1 rounds and
+    the start-up profile), ``row_seconds`` by rows for plain steps (profiled at start-up for serving),
+    and ``batch_seconds`` by (rows, tokens per row) as batched rounds run. :meth:`cost_batch` answers
+    from the last when it has the shape, else scales the plain step of that many rows by how the
+    token count grows the one-row cost.
+    """
 
     def __init__(self, prior_slope: float = 0.03, decay: float = 0.2):
         self.prior_slope, self.decay = prior_slope, decay
         self.seconds: dict[int, float] = {}
+        self.row_seconds: dict[int, float] = {}
+        self.batch_seconds: dict[tuple[int, int], float] = {}
 
-    def update(self, num_tokens: int, seconds: float) -> None:
-        old = self.seconds.get(num_tokens)
-        self.seconds[num_tokens] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
+    def _ema(self, table: dict, key, seconds: float) -> None:
+        old = table.get(key)
+        table[key] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
+
+    def update(self, num_tokens: int, seconds: float, rows: int = 1) -> None:
+        """Feed a measured forward of ``rows`` rows with ``num_tokens`` new tokens in all."""
+        if rows <= 1:
+            self._ema(self.seconds, num_tokens, seconds)
+        else:
+            self._ema(self.batch_seconds, (rows, num_tokens // rows), seconds)
+            if num_tokens == rows:
+                self._ema(self.row_seconds, rows, seconds)
+
+    def cost_batch(self, rows: int, width: int) -> float:
+        """Estimated seconds of a forward of ``rows`` rows with ``width`` new tokens each."""
+        if rows <= 1:
+            return self.cost(width)
+        measured = self.batch_seconds.get((rows, width))
+        if measured is not None:
+            return measured
+        base = _interpolate(self.row_seconds, rows) if self.row_seconds else self.cost(rows)
+        return base * self.cost(rows * width) / self.cost(rows)
 
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds (or relative units before any measurement) of a forward with num_tokens new tokens.
@@ -66,6 +95,31 @@ class VerifyCostModel:
             return self.seconds[n] + slope * (num_tokens - n)
         n = above[0]
         return self.seconds[n] / (1 + self.prior_slope * (n - num_tokens))
+
+    @torch.inference_mode()
+    def calibrate_rows(self, target, row_counts=(2, 4, 8, 16, 32), context: int = 128) -> dict[int, float]:
+        """Time plain decode steps of each number of rows, each after ``context`` cached tokens."""
+        from transformers import DynamicCache
+
+        from .._compat import CACHE_KWARG
+
+        device = next(target.parameters()).device
+        vocab = target.get_input_embeddings().weight.shape[0]
+        generator = torch.Generator().manual_seed(0)
+        measured = {}
+        for rows in row_counts:
+            cache = DynamicCache()
+            target(input_ids=torch.randint(0, vocab, (rows, context), generator=generator).to(device), use_cache=True,
+                   **{CACHE_KWARG: cache})
+            step = torch.randint(0, vocab, (rows, 1), generator=generator).to(device)
+            best = float("inf")
+            for _ in range(3):
+                start = timer(device)
+                target(input_ids=step, use_cache=True, **{CACHE_KWARG: cache})
+                best = min(best, timer(device) - start)
+                cache.crop(-1)
+            measured[rows] = self.row_seconds[rows] = best
+        return measured
 
     @torch.inference_mode()
     def calibrate(self, target, token_counts=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), context: int = 128,
@@ -97,3 +151,19 @@ class VerifyCostModel:
             measured[n] = best
             self.seconds[n] = best
         return measured
+
+
+def _interpolate(table: dict[int, float], key: int) -> float:
+    """Linear interpolation in a {count: seconds} table; linear extrapolation along the outer two points."""
+    if key in table:
+        return table[key]
+    counts = sorted(table)
+    if len(counts) == 1:
+        return table[counts[0]] * key / counts[0]
+    lo, hi = (counts[0], counts[1]) if key < counts[0] else (counts[-2], counts[-1])
+    for a, b in zip(counts, counts[1:]):
+        if a < key < b:
+            lo, hi = a, b
+            break
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(table[lo] + slope * (key - lo), 1e-6)

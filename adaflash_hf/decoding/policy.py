@@ -12,7 +12,7 @@ came from; it is told what each round cost and accepted, so it can adapt to the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -47,7 +47,7 @@ def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_ver
         m = min(m, max_verify_len - 1)
     expected = torch.cat([torch.zeros(b, 1), rates[:, :m].float().cpu().cumprod(-1).cumsum(-1)], dim=1)  # (b, m + 1): E[g]
     tokens = (1 + expected).sum(0)  # (m + 1,) expected tokens of the batch for g = 0..m
-    costs = torch.tensor([cost_model.cost(b * (g + 1)) for g in range(m + 1)])
+    costs = torch.tensor([cost_model.cost_batch(b, g + 1) for g in range(m + 1)])
     return int((tokens / costs).argmax()) + 1
 
 
@@ -73,25 +73,52 @@ class FixedVerifyLength:
 
 @dataclass
 class GoodputVerifyLength:
-    """Maximise expected tokens per second: sum over rows of (1 + E[accepted | g drafts]) / cost(b * (g + 1)).
+    """Maximise expected tokens per second: sum over rows of (1 + E[accepted | g drafts]) / cost(b rows, g + 1).
 
     E comes from the proposal's estimated acceptance rates; cost from a :class:`VerifyCostModel`, measured
     on this machine as rounds run (the engine binds the drafting state's model when none is given). g = 0
     (a plain step) wins when no draft is likely enough to pay for a longer forward. The forward is
     rectangular, so one g serves the whole batch.
+
+    A guard checks the model against what rounds actually deliver: for each batch size it keeps a
+    moving average of the tokens per second realised by plain steps and by speculative rounds (batch
+    sizes bucketed by powers of two), and
+    while speculative rounds deliver less than plain steps (``margin`` included) it takes plain steps,
+    trying a speculative round every ``explore_every`` rounds to notice when that changes. So on a
+    machine where verification costs as much per token as decoding (a saturated CPU at high load) it
+    falls back to plain decoding instead of trusting an estimate that is off.
     """
 
     max_verify_len: int | None = None
     cost_model: VerifyCostModel | None = None
+    margin: float = 1.02
+    explore_every: int = 16
+    realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> EMA tokens per second
+    _rounds: int = field(default=0, repr=False)
 
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
         length = goodput_verify_len(rates, self.cost_model or VerifyCostModel(), self.max_verify_len)
+        self._rounds += 1
+        if length > 1 and not self._speculation_pays(rates.shape[0]):
+            length = 1
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
+    def _speculation_pays(self, rows: int) -> bool:
+        plain, spec = self.realised.get((rows.bit_length(), False)), self.realised.get((rows.bit_length(), True))
+        if plain is None or spec is None or self._rounds % self.explore_every == 0:
+            return True
+        return spec * self.margin >= plain
+
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
-        pass  # the engine feeds the cost model
+        """Record the realised tokens per second of this round (the engine feeds the cost model itself)."""
+        if verify_time <= 0 or not len(verify_lens):
+            return
+        key = (len(verify_lens).bit_length(), bool((verify_lens > 1).any()))  # batch sizes 1, 2-3, 4-7, 8-15, ...
+        rate = float((accept_lengths + 1).sum()) / verify_time
+        old = self.realised.get(key)
+        self.realised[key] = rate if old is None else 0.8 * old + 0.2 * rate
 
 
 class LengthHeadVerifyLength(GoodputVerifyLength):

@@ -261,9 +261,10 @@ class DraftingState:
         self.drafter_seconds: float | None = None  # moving average of one drafter pass
         self.rounds_since_drafter = 0
 
-    def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None) -> None:
-        """Feed one round's measured costs: the verification forward and, if it ran, the drafter."""
-        self.cost_model.update(num_tokens, verify_seconds)
+    def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None, rows: int = 1) -> None:
+        """Feed one round's measured costs: the verification forward (``rows`` rows, ``num_tokens`` in all)
+        and, if it ran, the drafter."""
+        self.cost_model.update(num_tokens, verify_seconds, rows)
         if drafter_seconds is not None:
             self.rounds_since_drafter = 0
             old = self.drafter_seconds
@@ -284,7 +285,7 @@ class DraftingState:
             return True  # keep its estimate fresh even while skipped (a drafter that adapts online improves)
         gain = sum(max(0.0, self.drafter_value - e) for e in best_other)
         tokens = sum(1 + e for e in best_other)
-        return gain / tokens > self.drafter_seconds / self.cost_model.cost(width)
+        return gain / tokens > self.drafter_seconds / self.cost_model.cost_batch(len(best_other), max(1, width // max(1, len(best_other))))
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add a finished request (prompt and output) to the global index."""

@@ -256,7 +256,7 @@ class SpeculativeBatch:
             self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
             self.pending_hidden, self.pending_pos = pending, pending_pos if self.use_drafter else None
             return
-        self._compact()
+        self._compact(force=False)
         b_old, b_new, length = len(self.ids), len(specs), mask.shape[1]
         if self.use_drafter:
             cached = self.draft_cache.get_seq_length()
@@ -275,7 +275,8 @@ class SpeculativeBatch:
             total = max(self.num_slots, length)
             old_index = shifted_index(b_old, self.num_slots, total - self.num_slots, self.device)
             new_index = shifted_index(b_new, length, total - length, self.device)
-        relayout_cache(self.target_cache, old_index)
+        if old_index.shape[1] != self.num_slots or bool((old_index != torch.arange(self.num_slots, device=self.device)).any()):
+            relayout_cache(self.target_cache, old_index)  # skipped when the old rows keep their layout (a full copy)
         relayout_cache(cache, new_index)
         for mine, theirs in zip(self.target_cache.layers, cache.layers):
             mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
@@ -392,7 +393,7 @@ class SpeculativeBatch:
         # Learn from the round, then hand out the tokens.
         accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
         self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, verify_time)
-        self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"))
+        self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"), rows=len(accepted_list))
         sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
         if self.on_round is not None:
             self.on_round(RoundStats(list(self.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources))

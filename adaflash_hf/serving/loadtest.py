@@ -60,7 +60,7 @@ class ConcurrencyBenchArgs:
         return [m.strip() for m in self.methods.split(",") if m.strip()]
 
 
-def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int):
+def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int, target_name: str | None = None):
     """The scheduler a method is served with (its own drafting state, so methods learn independently)."""
     from ..decoding.policy import FixedVerifyLength
     from ..decoding.proposers import DraftingConfig, DraftingState
@@ -72,7 +72,9 @@ def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int)
         drafting = DraftingConfig(drafter=False, global_index=False, datastore=False)
         return Scheduler(target, None, tokenizer, config, drafting=drafting, drafting_state=DraftingState(drafting),
                          verify_policy=FixedVerifyLength(1), model_name=method)
-    policy = FixedVerifyLength(int(n)) if n else None
+    from .server import adaptive_policy
+
+    policy = FixedVerifyLength(int(n)) if n else adaptive_policy(drafter, "auto", target_name)
     return Scheduler(target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method)
 
 
@@ -189,7 +191,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     for domain in args.domains.split(","):
         by_domain[domain] = [r["prompt"] for r in load_prompts(domain.strip(), split="eval").to_list()]
     mixed = [p for group in zip(*by_domain.values()) for p in group]  # domains interleaved
-    schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels)) for m in methods}
+    schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels), args.target) for m in methods}
     results = []
     print(f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
           f"{torch.get_num_threads()} threads; levels {levels}; methods {methods}", file=sys.stderr)

@@ -220,6 +220,8 @@ class Scheduler:
             try:
                 start = time.perf_counter()
                 self.drafting_state.cost_model.calibrate(self.target, counts)
+                rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [self.config.max_batch_size]
+                self.drafting_state.cost_model.calibrate_rows(self.target, sorted(set(r for r in rows if r > 1)))
                 logger.info("verify cost profiled for %s tokens in %.1fs", counts, time.perf_counter() - start)
             except Exception:  # a failed profile only costs the policy its head start
                 logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
@@ -348,7 +350,7 @@ class Scheduler:
         cost = self.drafting_state.cost_model
         if not self.config.adaptive_admission or not self._active or not cost.seconds:
             return cap
-        allowed = self.config.prefill_rounds * cost.cost(len(self._active))
+        allowed = self.config.prefill_rounds * cost.cost_batch(len(self._active), 1)
         low, high = 1, cap
         while low < high:  # largest n with cost(n) <= allowed (cost grows with n)
             mid = (low + high + 1) // 2

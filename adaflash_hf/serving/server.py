@@ -42,6 +42,7 @@ class ServeArgs:
     max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."})
     verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most expected tokens per second at the current load."})
     sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
+    length_head: str = field(default="auto", metadata={"help": "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model id that clients send and /v1/models lists (default: --target)."})
 
     def __post_init__(self):
@@ -72,9 +73,27 @@ def build_scheduler(args: ServeArgs):
     drafting = args.drafting()
     if args.verify_len is not None:
         check_verify_len(args.verify_len, drafter, drafting)
-    return Scheduler(target, drafter, tokenizer, config, drafting=drafting,
-                     verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None,
+    policy = FixedVerifyLength(args.verify_len) if args.verify_len else adaptive_policy(drafter, args.length_head, args.target)
+    return Scheduler(target, drafter, tokenizer, config, drafting=drafting, verify_policy=policy,
                      model_name=args.served_model_name or args.target)
+
+
+def adaptive_policy(drafter, length_head: str = "auto", target_name: str | None = None):
+    """The default verify-length policy: goodput with the length head's acceptance estimates when one is
+    available ('auto': bundled beside the drafter), plain goodput otherwise (None: the engine's default)."""
+    if drafter is None or length_head == "none":
+        return None
+    from ..decoding.policy import LengthHeadVerifyLength
+    from ..training.length_head import load_length_head
+
+    try:
+        head = load_length_head(length_head, drafter, target_name=target_name)
+    except ValueError:
+        if length_head != "auto":
+            raise
+        logger.info("no bundled length head for %s: verify lengths from the acceptance estimator alone", target_name)
+        return None
+    return LengthHeadVerifyLength(head)
 
 
 def run_serve(args: ServeArgs) -> int:
