@@ -66,15 +66,20 @@ def _drafter_source(name_or_path: str) -> str:
     bundled = sorted(p.parent.name for p in BUNDLED_DIR.glob("*/config.json") if not p.parent.name.endswith(LENGTH_HEAD_SUFFIX))
     accepted = (f"a drafter is 'auto' (the bundled drafter of a preset target: {', '.join(bundled) or 'none installed'}), "
                 "'fresh' (untrained, sized for the target), a local folder with config.json, or a Hub id (owner/name)")
+    return checkpoint_source(name_or_path, "drafter", accepted)
+
+
+def checkpoint_source(name_or_path: str, what: str, accepted: str) -> str:
+    """A local checkpoint folder or a Hub id; otherwise an error naming ``what`` and the ``accepted`` forms."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"drafter folder {path} has no config.json: {accepted}.")
+            raise FileNotFoundError(f"{what} folder {path} has no config.json: {accepted}.")
         return str(path)
     if path.exists():
-        raise ValueError(f"drafter {name_or_path!r} is a file, not a folder: {accepted}.")
+        raise ValueError(f"{what} {name_or_path!r} is a file, not a folder: {accepted}.")
     if not HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"no drafter folder {name_or_path}: {accepted}.")
+        raise FileNotFoundError(f"no {what} folder {name_or_path}: {accepted}.")
     return name_or_path
 
 

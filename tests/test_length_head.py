@@ -266,3 +266,14 @@ def test_clear_errors_for_a_head_that_does_not_fit(target, drafter, tmp_path):
         load_length_head("auto", drafter, target_name="tiny")
     with pytest.raises(ValueError, match="head_dtype"):
         TrainLengthHeadConfig(head_dtype="fp8")
+
+
+def test_length_head_loading_errors_say_what_is_wrong(tmp_path):
+    from adaflash_hf.training.length_head import load_length_head
+
+    with pytest.raises(FileNotFoundError, match="no length head folder .*a local folder with config.json"):
+        load_length_head(str(tmp_path / "missing"))
+    tiny_head().save_pretrained(tmp_path / "head")
+    (tmp_path / "head" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(OSError, match="length head weights .* cannot be read.*corrupt or was only partly downloaded"):
+        load_length_head(str(tmp_path / "head"))

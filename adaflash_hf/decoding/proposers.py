@@ -275,8 +275,8 @@ class DraftingState:
 
         The drafter can add ``max(0, D - E_row)`` accepted tokens per row, where D is what its blocks
         have recently been getting accepted and E_row the best other candidate; it pays when that
-        relative gain in tokens beats its relative cost against a verification forward of ``width``
-        tokens (both measured on this machine).
+        relative gain in tokens beats its relative cost against a verification forward of ``width`` tokens per
+        row for every row (both measured on this machine).
         """
         self.rounds_since_drafter += 1
         if self.drafter_value is None or self.drafter_seconds is None or not self.cost_model.seconds:
@@ -285,7 +285,7 @@ class DraftingState:
             return True  # keep its estimate fresh even while skipped (a drafter that adapts online improves)
         gain = sum(max(0.0, self.drafter_value - e) for e in best_other)
         tokens = sum(1 + e for e in best_other)
-        return gain / tokens > self.drafter_seconds / self.cost_model.cost_batch(len(best_other), max(1, width // max(1, len(best_other))))
+        return gain / tokens > self.drafter_seconds / self.cost_model.cost_batch(len(best_other), width)
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add a finished request (prompt and output) to the global index."""
@@ -381,7 +381,7 @@ class HybridProposer:
             options_per_row.append(options)
         if run_drafter is not None:
             best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
-            if self.state.drafter_pays(best_other, len(row_ids) * (self.max_len + 1)):
+            if self.state.drafter_pays(best_other, self.max_len + 1):
                 block_tokens, block_probs = (t.tolist() for t in run_drafter())
                 for i, options in enumerate(options_per_row):
                     features = [drafter_feature(k, p) for k, p in enumerate(block_probs[i])]

@@ -592,7 +592,17 @@ def load_length_head(name_or_path: str, drafter: PreTrainedModel | None = None, 
                 "Pass a folder or Hub id, or train one with `adaflash train-length-head --target <preset> --drafter <drafter>`."
             )
         name_or_path = str(path)
-    head, info = AdaFlashLengthHead.from_pretrained(name_or_path, output_loading_info=True)
+    from safetensors import SafetensorError
+
+    from ..drafters import checkpoint_source
+
+    name_or_path = checkpoint_source(name_or_path, "length head", "a length head is 'auto' (bundled beside a preset's "
+                                     "drafter), a local folder with config.json, or a Hub id (owner/name)")
+    try:
+        head, info = AdaFlashLengthHead.from_pretrained(name_or_path, output_loading_info=True)
+    except SafetensorError as error:
+        raise OSError(f"The length head weights in {name_or_path} cannot be read ({error}): the file is corrupt or was "
+                      "only partly downloaded. Download or save the checkpoint again.") from error
     broken = {k: sorted(v)[:8] for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if broken:
         raise ValueError(f"The length head in {name_or_path} is incomplete or does not match its config: {broken}. "
