@@ -12,6 +12,9 @@ Methods (each prompt runs every method back to back, so machine noise hits all o
 - ``assisted``: transformers' assisted generation with an autoregressive draft model;
 - ``dflash-builtin``: transformers' own ``speculation_type="dflash"`` path with the same drafter.
 
+``--quality`` checks task results instead of speed (:mod:`adaflash_hf.quality`); ``--concurrency``
+measures served throughput (:mod:`adaflash_hf.serving.loadtest`).
+
 Acceptance is measured the same way for every method, from the target's forward passes: tau is
 new tokens per target forward (counting the bonus token; plain decoding = 1.0) and the accept rate
 is accepted drafts / drafts the target verified.
@@ -56,8 +59,16 @@ class BenchArgs:
     plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
     concurrency: str = field(default="", metadata={"help": "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash (default: plain,adaflash@16,adaflash@4,adaflash)."})
     requests: int = field(default=0, metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 8)."})
+    quality: bool = field(default=False, metadata={"help": "Task results instead of speed: GSM8K exact match and HumanEval pass@1 of the target decoded plainly and with AdaFlash (greedy, same held-out problems and batches), with token-identical outputs and a paired McNemar test, to show that bf16 near-ties leave results unchanged. Uses --target, --drafter, --dtype, --num-threads and --json."})
+    quality_problems: int = field(default=40, metadata={"help": "With --quality: held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."})
+    quality_max_new_tokens: int = field(default=512, metadata={"help": "With --quality: new tokens per answer (reasoning and code need more than --max-new-tokens)."})
 
     def __post_init__(self):
+        if self.quality:
+            if self.concurrency:
+                raise ValueError("--quality and --concurrency are separate benchmarks: pass one of them.")
+            self.quality_args()  # validates the quality check's own settings
+            return
         if self.concurrency:
             self.serving_args()  # validates the concurrency benchmark's own methods and levels
             return
@@ -93,6 +104,14 @@ class BenchArgs:
         return ConcurrencyBenchArgs(target=self.target, drafter=self.drafter, concurrency=self.concurrency, methods=methods,
                                     requests=self.requests, max_new_tokens=self.max_new_tokens, domains=self.domains,
                                     dtype=self.dtype, num_threads=self.num_threads, json=self.json, plot=self.plot)
+
+    def quality_args(self):
+        """The :class:`~adaflash_hf.quality.QualityArgs` for ``--quality``."""
+        from .quality import QualityArgs
+
+        return QualityArgs(target=self.target, drafter=self.drafter, problems=self.quality_problems,
+                           max_new_tokens=self.quality_max_new_tokens, dtype=self.dtype, num_threads=self.num_threads,
+                           json=self.json)
 
     @property
     def method_list(self) -> list[str]:
@@ -150,6 +169,10 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 
 def run_bench(args: BenchArgs) -> int:
+    if args.quality:
+        from .quality import run_quality
+
+        return run_quality(args.quality_args(), command=command_line("bench", args))
     if args.concurrency:
         from .serving.loadtest import run_concurrency_bench
 

@@ -64,9 +64,15 @@ COMMANDS: dict[str, Command] = {
                                "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter."),
     "train-drafter": Command("adaflash_hf.training.trainer:TrainDrafterConfig", "adaflash_hf.training.trainer:train_drafter",
                              "Train a drafter for a target (DFlash recipe), with checkpoints and resume."),
+    "bench-opd": Command("adaflash_hf.online.bench_opd:BenchOPDArgs", "adaflash_hf.online.bench_opd:run_bench_opd",
+                         "On-line distillation under domain shift: τ over live requests, tokens/s with OPD on and off."),
+    "soak-opd": Command("adaflash_hf.online.soak:SoakArgs", "adaflash_hf.online.soak:run_soak",
+                        "Reliability soak: serving with OPD, adapter swaps and injected faults; checks every request."),
     "train-length-head": Command("adaflash_hf.training.length_head:TrainLengthHeadConfig",
                                  "adaflash_hf.training.length_head:train_length_head",
                                  "Train the adaptive verify-length head from the engine's acceptance records."),
+    "demo": Command("adaflash_hf.demo:DemoArgs", "adaflash_hf.demo:run_demo",
+                    "Start the Gradio demo (plain vs AdaFlash side by side), bound to localhost."),
 }
 
 

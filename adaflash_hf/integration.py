@@ -11,6 +11,7 @@ the verification (greedy or sampling, every logits processor, streamers, stoppin
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Any
@@ -33,9 +34,12 @@ from .decoding.proposers import (
     default_drafting_state,
     top_probs_and_tokens,
 )
+from .decoding.recording import RoundObserver
 from .modeling_adaflash import AdaFlashDrafter
 
 logger = logging.getLogger(__name__)
+
+_REQUESTS = itertools.count()  # row ids of recorded generate() calls
 
 
 class AdaFlashCandidateGenerator(CandidateGenerator):
@@ -46,7 +50,9 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
     is expected to get more tokens accepted (:mod:`adaflash_hf.decoding.proposers`), or nothing (a
     plain step). transformers calls ``get_candidates`` with the last verification output
     (``requires_model_outputs``) and ``update_candidate_strategy`` after acceptance. Statistics of the
-    run accumulate in ``self.stats`` (a :class:`SpeculativeStats`).
+    run accumulate in ``self.stats`` (a :class:`SpeculativeStats`). An ``observer``
+    (:class:`~.decoding.recording.RoundObserver`) sees every round from the verification output the
+    next ``get_candidates`` receives, so the final round of a call is not recorded.
     """
 
     requires_model_outputs = True
@@ -59,6 +65,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         verify_policy: VerifyLengthPolicy | None = None,
         drafting: DraftingConfig | None = None,
         drafting_state: DraftingState | None = None,
+        observer: RoundObserver | None = None,
     ):
         check_pair(target, drafter)
         state = drafting_state or default_drafting_state(target)
@@ -87,13 +94,19 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._waiting: list[torch.Tensor] = []  # features of later tokens, not yet read by the drafter
         self._known = 0  # tokens of the sequence already in the proposer's history
         self._pending: tuple | None = None  # (drafts, source, draft_time, verify_start, drafter_seconds) of the open round
+        self.observer = observer
+        self._row_id = ("generate", next(_REQUESTS))
+        self._recorded = 0  # tokens of the sequence the observer has seen
+        self._last_round = (0, NONE)  # (num_drafts, source) of the round the next get_candidates reports
 
     @torch.inference_mode()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs):
+        if self.observer is not None:
+            self.observer.before_round()
         # The first call precedes the target's prefill: propose nothing, let it compute hidden states.
         if is_first_iteration or model_outputs is None:
             self.proposer.add_row(0, input_ids[0].tolist())
-            self._known = input_ids.shape[1]
+            self._known = self._recorded = self._prompt_len = input_ids.shape[1]
             return input_ids, None
         start = time.perf_counter()
         seq_len = input_ids.shape[1]
@@ -104,6 +117,8 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             # tokens, first in the verification output) wait here until the drafter next runs.
             added = processed - self._cached_len - sum(c.shape[1] for c in self._waiting)
             self._waiting.append(context_features(model_outputs.hidden_states, self.layer_ids)[:, :added])
+            if self.observer is not None:
+                self._record(input_ids, self._waiting[-1][0], model_outputs.logits[0])
         mask = model_kwargs.get("attention_mask") if model_kwargs else None
         if mask is None:
             mask = torch.ones_like(input_ids)
@@ -132,6 +147,16 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
 
+    def _record(self, input_ids: torch.Tensor, features: torch.Tensor, logits: torch.Tensor) -> None:
+        """Hand the observer the tokens the last target forward processed (prefill: the prompt)."""
+        new = input_ids[0, self._recorded:].tolist()
+        if self._recorded == self._prompt_len:
+            self.observer.on_prefill(self._row_id, input_ids[0, : self._recorded].tolist(), features, logits[-1], new[0])
+        else:
+            num_drafts, source = self._last_round
+            self.observer.on_round(self._row_id, features, logits[: len(new)], new, num_drafts, source)
+        self._recorded = input_ids.shape[1]
+
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         chunk = input_ids[0, self._known :].tolist()
         self.proposer.record([0], [chunk])
@@ -140,6 +165,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         if self._pending is None:
             return
         num_drafts, source, draft_time, verify_start, drafter_seconds = self._pending
+        self._last_round = (num_drafts, source if num_drafts else NONE)
         verify_time = time.perf_counter() - verify_start
         num_matches = min(int(num_matches), num_drafts)
         self.stats.add_round(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time, [source]))
@@ -152,6 +178,12 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         if 0 in self.proposer.history:
             self.proposer.finish_row(0)
 
+    def end_recording(self) -> None:
+        """Tell the observer this call's sequence is complete (called when ``generate`` returns)."""
+        if self.observer is not None:
+            self.observer.on_finish(self._row_id)
+            self.observer = None
+
 
 def _generate(self, *args, **kwargs):
     # transformers quietly turns an assistant off for beam search (a logged warning); refuse instead.
@@ -163,7 +195,12 @@ def _generate(self, *args, **kwargs):
                 f"num_beams={num_beams} asks for beam search, which an AdaFlash drafter cannot speed up: speculative "
                 "decoding verifies one sequence's drafts. Set num_beams=1 (greedy or sampling), or drop assistant_model."
             )
-    return super(type(self), self).generate(*args, **kwargs)
+    try:
+        return super(type(self), self).generate(*args, **kwargs)
+    finally:
+        generator = getattr(self, "adaflash_last_generator", None)
+        if generator is not None:
+            generator.end_recording()
 
 
 def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
@@ -180,7 +217,8 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
         if previous is not None:
             previous.finish()
         generator = AdaFlashCandidateGenerator(self, assistant_model, generation_config, getattr(self, "adaflash_verify_policy", None),
-                                               getattr(self, "adaflash_drafting", None))
+                                               getattr(self, "adaflash_drafting", None),
+                                               observer=getattr(self, "adaflash_observer", None))
         self.adaflash_last_generator = generator
         return generator
     return super(type(self), self)._get_candidate_generator(

@@ -120,38 +120,6 @@ def test_every_command_takes_the_same_dtype_choices_and_default():
         assert dtype.default == "auto" and dtype.metadata["choices"] == DTYPES, name
 
 
-def test_model_card_carries_metadata_results_and_command(model_dirs, tmp_path):
-    import json
-    from dataclasses import asdict
-
-    from adaflash_hf.model_card import write_model_card
-    from adaflash_hf.training.trainer import TrainDrafterConfig
-
-    _, drafter = model_dirs
-    recipe = asdict(TrainDrafterConfig(output_dir="runs/x", block_size=8, num_anchors=128))
-    summary = {"recipe": recipe, "data_sizes": {"corpus_tokens": 1000}, "steps": 10, "supervised_tokens_seen": 5,
-               "wall_minutes": 3.0, "data_minutes": 1.0, "train_minutes": 2.0,
-               "held_out_teacher_forced": {"tau": 1.8, "position_acceptance": [0.5, 0.3]},
-               "engine_check": {"tau": 1.7, "spec_tokens_per_s": 30.0, "plain_tokens_per_s": 20.0}}
-    (drafter / "training_summary.json").write_text(json.dumps(summary))
-    card = write_model_card(drafter).read_text()
-    assert card.startswith("---\nlibrary_name: adaflash-hf\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct")
-    assert "tau 1.800" in card and "30.0 tok/s speculative vs 20.0" in card
-    assert "adaflash train-drafter --output-dir runs/x" in card and "--num-anchors 128" in card
-    assert "reduced draft vocabulary" not in card and "greedy responses to training prompts" not in card
-
-    config = json.loads((drafter / "config.json").read_text())
-    (drafter / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 16}))
-    (drafter / "draft_vocab.json").write_text(json.dumps({"heldout_coverage": 0.975, "datastore_tokens": 1234}))
-    summary["recipe"]["init_from"] = "auto"
-    summary["held_out_at_init"] = {"tau": 1.5}
-    (drafter / "training_summary.json").write_text(json.dumps(summary))
-    card = write_model_card(drafter).read_text()
-    assert "the 16 most frequent target output tokens, covering 97.50%" in card
-    assert "1234 tokens of the target's own greedy responses" in card
-    assert "continued from `auto` (held-out tau 1.500 at step 0" in card
-
-
 def test_explain_difference_reports_the_logit_gap(capsys):
     from adaflash_hf.cli import explain_difference
 
@@ -167,13 +135,6 @@ def test_bench_pools_position_acceptance_and_leaves_out_unverified_positions():
     records = [{"positions": ([1, 0, 0], [2, 1, 0])}, {"positions": ([0, 0, 0], [1, 0, 0])}, {"positions": None}]
     assert pooled_position_acceptance(records) == [round(1 / 3, 4), 0.0, None]  # pooled counts, not a mean of ratios
     assert pooled_position_acceptance([{"positions": None}]) is None
-
-
-def test_model_card_wall_time_says_when_a_run_was_resumed():
-    from adaflash_hf.model_card import _wall_time_line
-
-    assert "resumed" in _wall_time_line({"wall_minutes": 20.0, "data_minutes": 0.1, "train_minutes": 60.0})
-    assert "63.0 min in all" in _wall_time_line({"wall_minutes": 63.0, "data_minutes": 1.0, "train_minutes": 60.0})
 
 
 def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(model_dirs, tmp_path, capsys):

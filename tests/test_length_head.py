@@ -90,7 +90,7 @@ def test_bundled_head_is_current_and_fits_the_bundled_drafter():
         for name in ("modeling_length_head.py", "configuration_length_head.py"):
             assert (folder / name).read_text() == (library / name).read_text(), f"{folder / name} is stale: re-save it"
         card = (folder / "README.md").read_text()
-        assert card.startswith("---\nlibrary_name: adaflash-hf\nbase_model: ") and "tags:" in card.split("---")[1]
+        assert card.startswith("---\nbase_model: ") and "library_name: transformers" in card.split("---")[1]
         preset = folder.name.removesuffix("-length-head")
         drafter_config = json.loads((BUNDLED / preset / "config.json").read_text())
         head = load_length_head("auto", target_name=preset)

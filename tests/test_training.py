@@ -26,7 +26,8 @@ from adaflash_hf.training.losses import (
     opd_loss,
     position_weights,
 )
-from adaflash_hf.training.trainer import acceptance_counts, export_checkpoint
+from adaflash_hf.training.step import acceptance_counts
+from adaflash_hf.training.trainer import export_checkpoint
 
 MASK = 3
 

@@ -18,6 +18,7 @@ from ..modeling_adaflash import AdaFlashDrafter
 from .outputs import SpeculativeGenerateOutput, SpeculativeStats
 from .policy import VerifyLengthPolicy
 from .proposers import DraftingConfig, DraftingState
+from .recording import RoundObserver
 from .state import RowSpec, SpeculativeBatch, context_features, draft_block  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def generate(
     streamer=None,
     on_tokens: TokenCallback | None = None,
     tokenizer=None,
+    observer: RoundObserver | None = None,
     generation_config: GenerationConfig | None = None,
     **generation_kwargs,
 ) -> SpeculativeGenerateOutput:
@@ -63,6 +65,8 @@ def generate(
         streamer: a transformers streamer (batch size 1), fed the prompt then accepted tokens.
         on_tokens: callback ``(row, token_ids)`` called with each row's newly accepted tokens.
         tokenizer: the target's tokenizer; when given, checked against the target's vocabulary.
+        observer: records trajectories and swaps adapters between rounds (e.g. ``AdaFlashOPD.observer``);
+            default: the one attached to ``target`` by ``AdaFlashOPD.attach``, if any.
         generation_config / **generation_kwargs: as for ``model.generate``: ``max_new_tokens``,
             ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id`` (an id or a list of
             stop ids), ``pad_token_id``; defaults come from ``target.generation_config``.
@@ -88,7 +92,8 @@ def generate(
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
     stats = SpeculativeStats()
     batch = SpeculativeBatch(target, drafter, drafting=drafting, drafting_state=drafting_state, verify_policy=verify_policy,
-                             draft_sampling=draft_sampling, generator=generator, on_round=stats.add_round)
+                             draft_sampling=draft_sampling, generator=generator, on_round=stats.add_round,
+                             observer=observer or getattr(target, "adaflash_observer", None))
     batch_size = input_ids.shape[0]
     new_tokens: list[list[int]] = [[] for _ in range(batch_size)]
     if streamer is not None:

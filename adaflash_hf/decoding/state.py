@@ -39,6 +39,7 @@ from .proposers import (
     default_drafting_state,
     top_probs_and_tokens,
 )
+from .recording import RoundObserver
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_accept, sample
 
 GREEDY = SamplingParams()
@@ -151,6 +152,8 @@ class SpeculativeBatch:
         generator: torch RNG for sampling.
         on_round: called with each round's :class:`RoundStats` (and once per join with the prefill time).
         compact_min_slots: squeeze holes out of the caches once they exceed half of at least this many slots.
+        observer: a :class:`~.recording.RoundObserver` (trajectory recording, adapter swaps between
+            rounds); None costs nothing.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class SpeculativeBatch:
         generator: torch.Generator | None = None,
         on_round: Callable[[RoundStats], None] | None = None,
         compact_min_slots: int = 256,
+        observer: RoundObserver | None = None,
     ):
         self.target, self.drafter = target, drafter
         self.state = drafting_state or default_drafting_state(target)
@@ -175,6 +179,7 @@ class SpeculativeBatch:
             self.policy.cost_model = self.state.cost_model
         self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
         self.compact_min_slots = compact_min_slots
+        self.observer = observer
         self.layer_ids = drafter.config.target_layer_ids if self.use_drafter else []
         self.hidden_request = [i + 1 for i in self.layer_ids] if self.use_drafter else None
         self.embed = target.get_input_embeddings()
@@ -242,6 +247,10 @@ class SpeculativeBatch:
         self.prefill_time += seconds
         for spec in specs:
             self.proposer.add_row(spec.row_id, list(spec.prompt_ids))
+        if self.observer is not None:
+            for i, (spec, token) in enumerate(zip(specs, first.tolist())):
+                features = None if pending is None else pending[i, width - len(spec.prompt_ids):]
+                self.observer.on_prefill(spec.row_id, spec.prompt_ids, features, out.logits[i, -1], token)
         updates = self._emit([s.row_id for s in specs], [[t] for t in first.tolist()], ["prefill"] * len(specs))
         self._drop_finished(updates)
         return updates
@@ -292,6 +301,8 @@ class SpeculativeBatch:
         if not gone:
             return
         for row in gone:
+            if self.observer is not None:
+                self.observer.on_finish(row)
             self.specs.pop(row)
             self.num_new.pop(row)
             self.proposer.finish_row(row)
@@ -333,6 +344,8 @@ class SpeculativeBatch:
     @torch.inference_mode()
     def step(self) -> list[RowUpdate]:
         """One draft -> verify round for every row; returns what each row gained."""
+        if self.observer is not None:
+            self.observer.before_round()
         if not self.ids:
             return []
         self._compact(force=False)
@@ -384,8 +397,9 @@ class SpeculativeBatch:
             self.target_cache.crop(keep - g - 1)
         kept = torch.arange(keep, device=device)[None]
         self.slot_mask = torch.cat([self.slot_mask, (kept <= accept_lengths[:, None]).long()], dim=1)
+        features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
-            self.pending_hidden = torch.cat([self.pending_hidden, context_features(out.hidden_states, self.layer_ids)[:, :keep]], dim=1)
+            self.pending_hidden = torch.cat([self.pending_hidden, features[:, :keep]], dim=1)
             self.pending_pos = torch.cat([self.pending_pos, verify_pos[:, :keep]], dim=1)
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
@@ -401,6 +415,11 @@ class SpeculativeBatch:
         chunks = [accepted[i][:n] + [t] for i, (n, t) in enumerate(zip(accepted_list, next_tokens.tolist()))]
         self.proposer.record(self.ids, chunks)
         updates = self._emit(list(self.ids), chunks, sources)
+        if self.observer is not None:
+            for i, (update, n) in enumerate(zip(updates, drafts_list)):
+                m = len(update.tokens)
+                self.observer.on_round(update.row_id, None if features is None else features[i, :m], out.logits[i, :m],
+                                       update.tokens, n, update.source)
         self._drop_finished(updates)
         return updates
 

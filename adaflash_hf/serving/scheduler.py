@@ -182,8 +182,9 @@ class Scheduler:
     def __init__(self, target, drafter, tokenizer, config: SchedulerConfig | None = None, *,
                  drafting: DraftingConfig | None = None, drafting_state: DraftingState | None = None,
                  verify_policy=None, model_name: str = "adaflash", max_context: int | None = None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, opd=None):
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        self.opd = opd  # an AdaFlashOPD: records rounds and swaps adapters between them; started and stopped with the engine
         self.config = config or SchedulerConfig()
         self.model_name = model_name
         self.max_context = max_context or int(getattr(target.config, "max_position_embeddings", 0) or 2048)
@@ -192,7 +193,8 @@ class Scheduler:
         self.default_stop_ids = frozenset() if eos is None else frozenset(torch.tensor(eos).flatten().tolist())
         self.drafting_state = drafting_state or DraftingState(drafting)
         self.batch = SpeculativeBatch(target, drafter, drafting=drafting, drafting_state=self.drafting_state,
-                                      verify_policy=verify_policy, generator=generator, on_round=self._on_round)
+                                      verify_policy=verify_policy, generator=generator, on_round=self._on_round,
+                                      observer=None if opd is None else opd.observer)
         self._lock = threading.Condition()
         self._queue: deque[RequestStream] = deque()
         self._cancelled: set[str] = set()
@@ -228,9 +230,13 @@ class Scheduler:
         self._running = True
         self._thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
         self._thread.start()
+        if self.opd is not None:
+            self.opd.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the engine thread; requests still queued or running end with finish_reason "cancelled"."""
+        if self.opd is not None:
+            self.opd.stop()
         with self._lock:
             self._running = False
             self._lock.notify_all()
@@ -278,6 +284,7 @@ class Scheduler:
                 "mean_accepted_length": c["round_tokens"] / c["row_rounds"] if c["row_rounds"] else None,
                 "verified_per_token": c["verified_tokens"] / c["round_tokens"] if c["round_tokens"] else None,
                 "last_error": self.last_error,
+                "opd": None if self.opd is None else self.opd.status(),
             }
 
     def _cancel(self, stream: RequestStream) -> None:
@@ -317,6 +324,8 @@ class Scheduler:
                                 frozenset(s.params.stop_token_ids) or self.default_stop_ids) for s in admitted]))
                 if len(self.batch):
                     self._deliver(self.batch.step())
+                    if self.opd is not None:
+                        self.opd.check_health()  # restarts a dead trainer (bounded; a thread liveness check); serving never waits on it
             except Exception as error:  # a failed round ends its requests, never the server
                 logger.exception("engine round failed")
                 self._fail_all(f"{type(error).__name__}: {error}")

@@ -44,6 +44,9 @@ class ServeArgs:
     sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
     length_head: str = field(default="auto", metadata={"help": "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model id that clients send and /v1/models lists (default: --target)."})
+    opd: bool = field(default=False, metadata={"help": "On-policy distillation: train LoRA adapters on the drafter from live traffic in the background and swap them in between rounds (status under /v1/status)."})
+    opd_publish_dir: str | None = field(default=None, metadata={"help": "With --opd: also write each adapter version to this folder (v000N/ + LATEST) for other engines to follow."})
+    opd_duty_cycle: float = field(default=0.25, metadata={"help": "With --opd: share of wall time the trainer may compute; serving keeps the rest."})
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -52,6 +55,10 @@ class ServeArgs:
             raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (omit it for the adaptive policy).")
         check_choice("--dtype", self.dtype, DTYPES)
         self.drafting()  # validates --sources
+        if not 0 < self.opd_duty_cycle <= 1:
+            raise ValueError(f"--opd-duty-cycle {self.opd_duty_cycle}: must be in (0, 1].")
+        if (self.opd_publish_dir or self.opd_duty_cycle != 0.25) and not self.opd:
+            raise ValueError("--opd-publish-dir and --opd-duty-cycle need --opd.")
 
     def drafting(self):
         from ..decoding.proposers import DraftingConfig
@@ -74,8 +81,16 @@ def build_scheduler(args: ServeArgs):
     if args.verify_len is not None:
         check_verify_len(args.verify_len, drafter, drafting)
     policy = FixedVerifyLength(args.verify_len) if args.verify_len else adaptive_policy(drafter, args.length_head, args.target)
+    opd = None
+    if args.opd:
+        if drafter is None:
+            raise ValueError("--opd trains the drafter, but --drafter is none: pass a drafter (or 'auto').")
+        from ..online import AdaFlashOPD, OPDConfig
+
+        opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.opd_duty_cycle, publish_dir=args.opd_publish_dir),
+                          base_drafter_name=args.drafter)
     return Scheduler(target, drafter, tokenizer, config, drafting=drafting, verify_policy=policy,
-                     model_name=args.served_model_name or args.target)
+                     model_name=args.served_model_name or args.target, opd=opd)
 
 
 def adaptive_policy(drafter, length_head: str = "auto", target_name: str | None = None):

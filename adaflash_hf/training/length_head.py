@@ -39,6 +39,7 @@ from ..cli_args import DTYPES, check_choice, dtype_field
 from ..configuration_length_head import AdaFlashLengthHeadConfig
 from ..decoding.policy import FixedVerifyLength
 from ..decoding.proposers import DraftHead, DraftingConfig, DraftingState, drafter_feature, top_probs_and_tokens
+from ..model_card import length_head_card
 from ..modeling_length_head import AdaFlashLengthHead
 
 logger = logging.getLogger(__name__)
@@ -499,77 +500,8 @@ def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | N
         "head_parameters": sum(p.numel() for p in head.parameters()),
     }
     (head_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    (head_dir / "README.md").write_text(render_length_head_card(head.config, summary))
+    length_head_card(head.config.to_dict(), summary).save(head_dir / "README.md")
     return summary
-
-
-def render_length_head_card(config: AdaFlashLengthHeadConfig, summary: dict) -> str:
-    """Model card of a head folder: Hub metadata, use, and the held-out numbers of ``summary`` (nothing else)."""
-    from ..cli_args import command_line
-    from ..targets import PRESETS
-
-    recipe = summary["recipe"]
-    base_model = PRESETS[recipe["target"]].hub_id if recipe["target"] in PRESETS else recipe["target"]
-    rows = []
-    for name, label in (("length_head", "this head"), ("engine_estimator", "engine estimator (online, as the policy saw it)"),
-                        ("estimator_features_refit", "estimator features, refit on the training records"),
-                        ("position_only", "per-position constants")):
-        r = summary["held_out"][name]
-        rows.append(f"| {label} | {r['log_loss']:.4f} | {r['brier']:.4f} | {r['length_mae']:.3f} | {r['length_bias']:+.3f} |")
-    head, engine = summary["held_out"]["length_head"], summary["held_out"]["engine_estimator"]
-    records = summary["records"]
-    return "\n".join([
-        "---",
-        "library_name: adaflash-hf",
-        f"base_model: {base_model}",
-        "license: apache-2.0",
-        "tags: [speculative-decoding, adaflash, length-head, verify-length, dflash]",
-        "---",
-        "",
-        f"# AdaFlash length head for the {recipe['target']} drafter",
-        "",
-        f"Predicts, from the drafter's final hidden states for a block (block size {config.block_size}, hidden size "
-        f"{config.hidden_size}) and the engine's estimated acceptance rates as a prior, the conditional acceptance rate "
-        f"of each of its {config.num_drafts} drafts; adaflash-hf's `LengthHeadVerifyLength` turns them into the verify "
-        "length with the most expected tokens per second. "
-        f"{summary['head_parameters']:,} parameters; {summary['head_seconds_batch1'] * 1e3:.2f} ms per round at batch 1 on the "
-        "training machine's CPU.",
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from adaflash_hf import generate, load_drafter, load_target",
-        "from adaflash_hf.decoding.policy import LengthHeadVerifyLength",
-        "from adaflash_hf.training.length_head import load_length_head",
-        f'target, tokenizer = load_target("{recipe["target"]}")',
-        f'drafter = load_drafter("auto", target, target_name="{recipe["target"]}")',
-        "head = load_length_head(\"path/to/this/folder\", drafter)  # the head bundled with adaflash-hf: \"auto\"",
-        "out = generate(target, drafter, input_ids, verify_policy=LengthHeadVerifyLength(head), max_new_tokens=128)",
-        "```",
-        "",
-        "Without adaflash-hf: `AutoModel.from_pretrained(path, trust_remote_code=True)`.",
-        "",
-        "## Held-out calibration",
-        "",
-        f"{records['held_out']:,} verified drafter blocks from {records['held_out_prompts']} eval-split prompts (never trained on), "
-        f"recorded with the real engine verifying whole blocks; trained on {records['train']:,} blocks from "
-        f"{records['train_prompts']} training prompts. Log-loss and Brier score are per at-risk draft (every earlier draft "
-        "accepted); length errors compare the expected and the actual number of accepted drafts per block.",
-        "",
-        "| rates from | log-loss | Brier | accepted-length MAE | bias |",
-        "|---|---|---|---|---|",
-        *rows,
-        "",
-        f"Per draft position 1..{config.num_drafts}: log-loss of this head {head['log_loss_per_position']}, of the engine "
-        f"estimator {engine['log_loss_per_position']}, over {head['at_risk_per_position']} drafts at risk.",
-        "",
-        "Reproduce with:",
-        "",
-        "```bash",
-        command_line("train-length-head", TrainLengthHeadConfig(**recipe)),
-        "```",
-        "",
-    ])
 
 
 def load_length_head(name_or_path: str, drafter: PreTrainedModel | None = None, target_name: str | None = None) -> AdaFlashLengthHead:

@@ -104,3 +104,50 @@ def opd_loss(
     kl = clipped_reverse_kl(draft_logits, target_logits, clip)  # (N, K)
     per_position = (alpha * ce + (1 - alpha) * kl).masked_fill(labels == ignore_index, 0.0)
     return _weighted_mean(per_position, labels, weights, ignore_index)
+
+
+def topk_reverse_kl(draft_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logprobs: torch.Tensor, clip: float) -> torch.Tensor:
+    """KL(p_draft || p_target) from a top-k compressed teacher, clamped at ``clip``: -> (...).
+
+    draft_logits (..., V_draft); teacher_ids (..., k) indices into the draft vocabulary (negative where
+    the target's token lies outside it, so the draft gives it probability 0); teacher_logprobs (..., k)
+    the target's log-probabilities of those tokens over its full vocabulary. The vocabulary is
+    partitioned into the k tokens and one bucket for the rest; merging the tail can only lower the KL
+    (log-sum inequality), and with every token listed it is the exact KL. A clamped entry has zero gradient.
+    """
+    log_q = F.log_softmax(draft_logits.float(), dim=-1)
+    inside = teacher_ids >= 0
+    index = teacher_ids.clamp_min(0).long()
+    log_q_k = log_q.gather(-1, index).masked_fill(~inside, float("-inf"))  # (..., k)
+    log_q_rest = log_q.scatter(-1, index, float("-inf")).logsumexp(-1)  # (...) mass outside the k tokens
+    log_p_k = teacher_logprobs.detach().float()
+    log_p_rest = torch.log1p(-log_p_k.exp().sum(-1).clamp(max=1 - 1e-6))
+    q_k = log_q_k.exp()
+    listed = torch.where(inside, q_k * (log_q_k - log_p_k), torch.zeros_like(q_k)).sum(-1)
+    q_rest = log_q_rest.exp()
+    rest = torch.where(q_rest > 0, q_rest * (log_q_rest - log_p_rest), torch.zeros_like(q_rest))
+    return (listed + rest).clamp(max=clip)
+
+
+def opd_topk_loss(
+    draft_logits: torch.Tensor,
+    teacher_ids: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    weights: torch.Tensor,
+    alpha: float = 0.8,
+    clip: float = 0.01,
+) -> torch.Tensor:
+    """AdaFlash's OPD loss on a top-k teacher: alpha * CE(draft, target argmax) + (1 - alpha) * clipped reverse KL.
+
+    draft_logits (n, V_draft); teacher_ids / teacher_logprobs (n, k) sorted by probability, ids as in
+    :func:`topk_reverse_kl` (the CE label is the target's argmax, ``teacher_ids[:, 0]``; a position whose
+    argmax lies outside the draft vocabulary gives no CE); weights (n,) per position (decay times any
+    up-weighting of rejected positions). Returns sum_n w_n loss_n / sum_n w_n.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+    labels = teacher_ids[:, 0].long()
+    ce = F.cross_entropy(draft_logits.float(), labels.clamp_min(0), reduction="none").masked_fill(labels < 0, 0.0)
+    kl = topk_reverse_kl(draft_logits, teacher_ids, teacher_logprobs, clip)
+    w = weights.to(draft_logits.device, torch.float32)
+    return ((alpha * ce + (1 - alpha) * kl) * w).sum() / w.sum().clamp_min(1e-12)

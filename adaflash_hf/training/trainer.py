@@ -24,27 +24,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import extract_model_from_parallel
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..cli_args import DTYPES, check_choice, dtype_field
 from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
-from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids, sample_anchors
+from .anchors import sample_anchors
 from .data import (
-    IGNORE_INDEX,
     Batch,
-    TargetFeatures,
     TrainingSequence,
     collate,
     generate_responses,
     pack_corpus,
     target_features,
 )
-from .losses import decayed_cross_entropy, decayed_forward_kl, default_gamma, position_weights
+from .losses import default_gamma, position_weights
+from .step import acceptance_counts, drafter_block_forward
 
 logger = logging.getLogger(__name__)
 
@@ -150,109 +147,6 @@ def pick_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if not candidates:
         raise ValueError("The tokenizer has no unused special token: pass mask_token_id explicitly.")
     return max(candidates)
-
-
-# --------------------------------------------------------------------------------------------
-# The step: one function shared by training and evaluation
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class BlockOutput:
-    """Per-block results of one drafter forward over sampled anchors.
-
-    loss: scalar weighted CE. predictions, labels: (b, A, K) drafter argmax and labels
-    (``IGNORE_INDEX`` where none). Predictions exist where labels do.
-    """
-
-    loss: torch.Tensor
-    predictions: torch.Tensor
-    labels: torch.Tensor
-
-
-def drafter_block_forward(
-    drafter: AdaFlashDrafter,
-    target: PreTrainedModel,
-    batch: Batch,
-    features: TargetFeatures,
-    anchors: torch.Tensor,
-    anchor_valid: torch.Tensor,
-    weights: torch.Tensor,
-    consistent_labels: bool,
-    distill_weight: float = 0.0,
-) -> BlockOutput:
-    """Drafter forward over every block of a batch, lm_head only on labelled positions, weighted loss.
-
-    ``drafter`` may be wrapped for distributed training (the forward must go through the wrapper so
-    gradients synchronise). features from :func:`target_features`; anchors/anchor_valid (b, A); weights (K,) for block positions
-    1..K (K <= block_size - 1). Loss: CE on the target's argmax + distill_weight * KL(p_target || p_draft).
-    """
-    context, labels = features.context, features.labels
-    drafter_config = extract_model_from_parallel(drafter).config
-    block_size = drafter_config.block_size
-    num_positions = weights.shape[0]
-    device = context.device
-    input_ids = batch.input_ids.to(device)
-    b, seq_len = input_ids.shape
-    num_anchors = anchors.shape[1]
-    embed = target.get_input_embeddings()
-    lm_head = target.get_output_embeddings()
-
-    noise_embeds = embed(block_input_ids(input_ids, anchors, block_size, drafter_config.mask_token_id))  # (b, A*B, H)
-    position_ids = torch.cat(
-        [torch.arange(seq_len, device=device).expand(b, -1), block_position_ids(anchors, block_size)], dim=1
-    )  # (b, L + A*B)
-    compute_dtype = torch.bfloat16 if torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled() else noise_embeds.dtype
-    mask = block_attention_mask(anchors, seq_len, block_size, compute_dtype)
-    hidden = drafter(
-        noise_embeds=noise_embeds, context_hidden_states=context, position_ids=position_ids, attention_mask=mask
-    ).last_hidden_state  # (b, A*B, H)
-    hidden = hidden.view(b, num_anchors, block_size, -1)[:, :, 1 : 1 + num_positions]  # (b, A, K, H)
-
-    block_lab = block_labels(
-        labels, batch.label_mask.to(device), anchors, anchor_valid, block_size,
-        input_ids=input_ids if consistent_labels else None,
-    )[:, :, :num_positions]  # (b, A, K)
-    valid = block_lab != IGNORE_INDEX
-    # The same head as at inference: the lm_head rows of the draft vocabulary, if the drafter has one
-    # (it also cuts the step's main cost); labels outside it cannot be drafted and give no CE.
-    vocab = extract_model_from_parallel(drafter).draft_vocab
-    weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab)
-    logits = F.linear(hidden[valid], weight.to(hidden.dtype))  # (n, V_draft): only labelled positions pay the lm_head
-    labels_flat = block_lab[valid]
-    if vocab is not None:
-        to_draft = torch.full((lm_head.weight.shape[0],), IGNORE_INDEX, dtype=torch.long, device=device)
-        to_draft[vocab] = torch.arange(len(vocab), device=device)
-        labels_flat = to_draft[labels_flat]
-    flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
-    loss = decayed_cross_entropy(logits, labels_flat, flat_weights) if bool((labels_flat != IGNORE_INDEX).any()) else logits.sum() * 0
-    if distill_weight > 0:
-        label_pos = anchors[:, :, None] + torch.arange(1, num_positions + 1, device=device)  # (b, A, K)
-        rows = torch.arange(b, device=device)[:, None, None].expand_as(label_pos)
-        target_logits = features.logits[rows[valid], label_pos[valid] - 1]  # (n, V): the logits behind each label
-        if vocab is not None:
-            target_logits = target_logits[:, vocab]
-        loss = loss + distill_weight * decayed_forward_kl(logits, target_logits, block_lab[valid], flat_weights)
-    predictions = torch.full_like(block_lab, IGNORE_INDEX)
-    predictions[valid] = logits.argmax(-1) if vocab is None else vocab[logits.argmax(-1)]
-    return BlockOutput(loss, predictions, block_lab)
-
-
-def acceptance_counts(predictions: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Teacher-forced greedy acceptance of (b, A, K) blocks.
-
-    Returns accepted (N,) leading matches per block that has a first label, hits (K,) and seen (K,)
-    where seen_k counts blocks whose positions 1..k-1 all matched and position k has a label, and
-    hits_k those of them that also match at k (so hits/seen = conditional acceptance a_k).
-    """
-    has_label = labels != IGNORE_INDEX
-    match = (predictions == labels) & has_label  # (b, A, K)
-    run = match.long().cumprod(-1)  # 1 while every position so far matched
-    prefix = torch.cat([torch.ones_like(run[..., :1]), run[..., :-1]], dim=-1)  # matched 1..k-1
-    seen = (prefix.bool() & has_label).flatten(0, 1).sum(0)  # (K,)
-    hits = run.flatten(0, 1).sum(0)  # (K,)
-    accepted = run.sum(-1)[has_label[..., 0]]  # (N,)
-    return accepted, hits, seen
 
 
 # --------------------------------------------------------------------------------------------

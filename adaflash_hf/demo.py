@@ -1,0 +1,443 @@
+"""``adaflash demo``: plain decoding and AdaFlash side by side on one prompt, in a Gradio page.
+
+Both sides run on the engine core (:class:`~adaflash_hf.decoding.state.SpeculativeBatch`) with the
+same target, prompt ids and sampling. The plain side verifies one token per round (a plain decode
+step); the AdaFlash side drafts (drafter block, suffix match, global index, datastore) and verifies.
+They take turns on one machine, and the side that has spent less compute time so far steps next: at
+any moment each text shows what its side produced in the same amount of time, so the race on screen
+is the measured speed-up, on a 2-core CPU as on a GPU.
+
+Each accepted token is coloured by where it came from: in a round's chunk every token but the last
+is a draft the target accepted (from that round's source), the last is the target's own token. The
+page also shows tau (tokens per round), tokens per second, the speed-up, the verify length chosen in
+every round (by the length head when one is loaded) and, with an on-policy distillation worker
+(``opd``), its ``status()``: the adapter version and the tau history.
+
+gradio and torch are imported inside functions, so the CLI reads ``DemoArgs`` without the demo extra.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .cli_args import DTYPES, check_choice, dtype_field
+from .targets import DEFAULT_TARGET, PRESETS
+
+if TYPE_CHECKING:
+    import gradio
+    from transformers import PreTrainedModel
+
+    from .decoding.sampling import SamplingParams
+    from .decoding.state import RowSpec, SpeculativeBatch
+
+logger = logging.getLogger(__name__)
+
+GRADIO_RANGE = ">=5.0,<7"  # the demo extra's pin (pyproject.toml)
+TARGET = "target"  # label of the token the target produces itself at the end of every round
+SOURCE_STYLES = {  # label -> (legend text, background colour)
+    "drafter": ("drafter", "#a5b4fc"),
+    "suffix": ("suffix match", "#86efac"),
+    "global": ("global index", "#fcd34d"),
+    "datastore": ("datastore", "#f9a8d4"),
+    TARGET: ("target's own token", "#d1d5db"),
+}
+REFRESH_S = 0.1  # the page is redrawn at most this often while decoding (and once at the end)
+EXAMPLES = [
+    "Write a Python function that checks whether a number is prime.",
+    "List the planets of the solar system, one per line, each with its number of moons.",
+    "Explain in three sentences why the sky is blue.",
+]
+
+
+@dataclass
+class DemoArgs:
+    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
+    length_head: str = field(default="auto", metadata={"help": "Adaptive length head that chooses the verify lengths: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
+    dtype: str = dtype_field()
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the demo to the network."})
+    port: int = field(default=7860, metadata={"help": "TCP port."})
+    max_new_tokens: int = field(default=200, metadata={"help": "Default of the page's token budget slider."})
+    share: bool = field(default=False, metadata={"help": "Also open a temporary public gradio.live link: anyone with the link can use the demo."})
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port {self.port}: choose a TCP port in 1..65535.")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens {self.max_new_tokens}: ask for at least 1 new token.")
+        check_choice("--dtype", self.dtype, DTYPES)
+
+
+# --------------------------------------------------------------------------------------------------
+# The race: both sides on the engine core, no web imports
+
+
+@dataclass
+class Span:
+    """A run of generated text whose tokens came from one source; ``num_tokens`` tokens make ``text``."""
+
+    text: str
+    source: str
+    num_tokens: int
+
+
+class Side:
+    """One decoding path of the race: a one-row :class:`SpeculativeBatch`, the tokens it produced with
+    the source of each, its per-round statistics and the compute time it spent."""
+
+    def __init__(self, name: str, target, drafter=None, **batch_kwargs):
+        from .decoding.outputs import SpeculativeStats
+        from .decoding.state import SpeculativeBatch
+
+        self.name = name
+        self.stats = SpeculativeStats()
+        self.batch: SpeculativeBatch = SpeculativeBatch(target, drafter, on_round=self.stats.add_round, **batch_kwargs)
+        self.tokens: list[int] = []
+        self.sources: list[str] = []  # per token: the draft source it was accepted from, or TARGET
+        self.seconds = 0.0
+        self.finish_reason: str | None = None
+
+    def advance(self, spec: RowSpec | None = None) -> None:
+        """Prefill ``spec`` (its first token), or run one round; time it and label the new tokens."""
+        start = time.perf_counter()
+        (update,) = self.batch.add_rows([spec]) if spec is not None else self.batch.step()
+        self.seconds += time.perf_counter() - start
+        accepted = 0 if update.source == "prefill" else self.stats.rounds[-1].accept_lengths[0]
+        # accepted drafts, then the target's own token; a chunk cut at a stop id or the budget is a prefix
+        self.sources += ([update.source] * accepted + [TARGET])[: len(update.tokens)]
+        self.tokens += update.tokens
+        self.finish_reason = update.finish_reason
+
+    @property
+    def tau(self) -> float:
+        """Tokens per round (plain decoding: 1); 0 before the first round."""
+        return self.stats.mean_accepted_length
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds else 0.0
+
+    @property
+    def verify_lens(self) -> list[int]:
+        """Tokens verified in each round (anchor + drafts)."""
+        return [r.verify_lens[0] for r in self.stats.rounds]
+
+    @property
+    def round_sources(self) -> list[str]:
+        return [r.sources[0] for r in self.stats.rounds]
+
+
+@dataclass
+class Race:
+    """Both sides of one comparison, as they stand after the latest step."""
+
+    plain: Side
+    adaflash: Side
+    spec: RowSpec
+
+    @property
+    def done(self) -> bool:
+        return self.plain.finish_reason is not None and self.adaflash.finish_reason is not None
+
+    @property
+    def speedup(self) -> float | None:
+        """AdaFlash tokens per second over plain tokens per second (None until both have run)."""
+        if not self.plain.tokens_per_second or not self.adaflash.tokens_per_second:
+            return None
+        return self.adaflash.tokens_per_second / self.plain.tokens_per_second
+
+    @property
+    def first_difference(self) -> int | None:
+        """The first new token where the two texts differ; None while one is a prefix of the other."""
+        a, b = self.plain.tokens, self.adaflash.tokens
+        index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if index is None and self.done and len(a) != len(b):
+            index = min(len(a), len(b))
+        return index
+
+
+def race(target, drafter, spec: RowSpec, *, drafting_state=None, verify_policy=None, seed: int = 0) -> Iterator[Race]:
+    """Decode ``spec`` with the target alone and with AdaFlash, taking turns; yields after every step.
+
+    drafting_state / verify_policy: the AdaFlash side's (default: the target's shared drafting state
+    and its goodput policy). The plain side gets a fresh state and a verify length of 1 every round.
+    Whichever running side has spent less compute time steps next, so both advance at their own speed.
+    """
+    import torch
+
+    from .decoding.policy import FixedVerifyLength
+    from .decoding.proposers import DraftingConfig, DraftingState
+
+    plain_drafting = DraftingConfig(drafter=False, suffix=True, global_index=False, datastore=False)  # never verified
+    plain = Side("plain", target, drafting=plain_drafting, drafting_state=DraftingState(plain_drafting),
+                 verify_policy=FixedVerifyLength(1), generator=torch.Generator().manual_seed(seed))
+    adaflash = Side("adaflash", target, drafter, drafting_state=drafting_state, verify_policy=verify_policy,
+                    generator=torch.Generator().manual_seed(seed))
+    progress = Race(plain, adaflash, spec)
+    for side in (plain, adaflash):
+        side.advance(spec)
+    yield progress
+    while not progress.done:
+        min((s for s in (plain, adaflash) if s.finish_reason is None), key=lambda s: s.seconds).advance()
+        yield progress
+
+
+def token_spans(tokenizer, tokens: Sequence[int], sources: Sequence[str]) -> list[Span]:
+    """Text of ``tokens`` cut into runs of one source; every token lies in exactly one span.
+
+    Decoded incrementally (special tokens skipped), so the spans' text joins to the full decode even
+    when a character's bytes are split across tokens; such a character goes to its last token's span.
+    """
+    from .serving.server import IncrementalDetokenizer
+
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    spans: list[Span] = []
+    waiting = 0  # tokens whose text has not come out yet
+
+    def emit(text: str, source: str) -> None:
+        if spans and spans[-1].source == source:
+            spans[-1].text += text
+            spans[-1].num_tokens += waiting
+        else:
+            spans.append(Span(text, source, waiting))
+
+    for token, source in zip(tokens, sources):
+        waiting += 1
+        text = detokenizer.add([token])
+        if text:
+            emit(text, source)
+            waiting = 0
+    if waiting:
+        emit(detokenizer.flush(), sources[-1])
+    return spans
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering: HTML strings and plot tables from a Race (no gradio either)
+
+
+def text_html(side: Side, tokenizer) -> str:
+    """The side's text, each span on its source's colour; ``data-finish`` is set once the side is done."""
+    parts = []
+    for span in token_spans(tokenizer, side.tokens, side.sources):
+        legend, colour = SOURCE_STYLES.get(span.source, SOURCE_STYLES[TARGET])
+        parts.append(f'<span data-source="{span.source}" data-tokens="{span.num_tokens}" title="{legend}" '
+                     f'style="background:{colour};color:#111;border-radius:3px">{html.escape(span.text)}</span>')
+    return (f'<div class="adaflash-text" data-side="{side.name}" data-finish="{side.finish_reason or ""}" '
+            f'data-tokens="{len(side.tokens)}" style="white-space:pre-wrap;font-family:monospace;line-height:1.6;'
+            f'min-height:12em">{"".join(parts)}</div>')
+
+
+def legend_html() -> str:
+    items = "".join(f'<span style="background:{colour};color:#111;border-radius:3px;padding:0 6px;margin-right:8px">'
+                    f"{html.escape(legend)}</span>" for legend, colour in SOURCE_STYLES.values())
+    return f'<div style="margin:4px 0">Accepted tokens by origin: {items}</div>'
+
+
+def stats_html(progress: Race) -> str:
+    """tau, tokens per second and rounds of each side, the speed-up, and AdaFlash's rounds by source."""
+    plain, ada = progress.plain, progress.adaflash
+    rows = [
+        ("tokens", len(plain.tokens), len(ada.tokens)),
+        ("rounds", plain.stats.num_rounds, ada.stats.num_rounds),
+        ("τ (tokens per round)", f"{plain.tau:.2f}", f"{ada.tau:.2f}"),
+        ("tok/s", f"{plain.tokens_per_second:.1f}", f"{ada.tokens_per_second:.1f}"),
+        ("seconds", f"{plain.seconds:.2f}", f"{ada.seconds:.2f}"),
+    ]
+    body = "".join(f"<tr><td>{name}</td><td>{a}</td><td>{b}</td></tr>" for name, a, b in rows)
+    speedup = "–" if progress.speedup is None else f"{progress.speedup:.2f}×"
+    if progress.spec.params.do_sample:
+        agreement = "Sampled: the texts differ, their distribution does not."
+    elif progress.first_difference is None:
+        agreement = f"Identical output{'' if progress.done else ' so far'}: ✓"
+    else:
+        dtype = str(ada.batch.target.dtype).removeprefix("torch.")
+        agreement = (f"The texts part at token {progress.first_difference}: a near-tie of the target's two best logits "
+                     f"that {dtype} rounds differently in a multi-token verification than in one-token decoding. "
+                     "Start the demo with --dtype fp32 for token-for-token equality.")
+    counts = ada.stats.source_counts()
+    by_source = ", ".join(f"{source} {n} (+{accepted} drafts)" for source, (n, accepted) in sorted(counts.items()))
+    return (f'<div id="adaflash-stats"><table><tr><th></th><th>plain</th><th>AdaFlash</th></tr>{body}</table>'
+            f'<p><b>speed-up: <span data-speedup>{speedup}</span></b>'
+            f'{" · AdaFlash rounds by source: " + html.escape(by_source) if by_source else ""}</p>'
+            f'<p data-agreement>{html.escape(agreement)}</p></div>')
+
+
+def verify_lens_html(side: Side, chooser: str) -> str:
+    """A bar per round: its verify length (anchor + drafts), coloured by the source of its drafts."""
+    lens, sources = side.verify_lens, side.round_sources
+    top = max(lens, default=1)
+    bars = "".join(f'<div title="round {i}: {n} verified ({source})" style="flex:1;max-width:10px;height:{100 * n / top:.0f}%;'
+                   f'background:{SOURCE_STYLES.get(source, SOURCE_STYLES[TARGET])[1]}"></div>'
+                   for i, (n, source) in enumerate(zip(lens, sources), start=1))
+    counts = ", ".join(f"{n} × {lens.count(n)}" for n in sorted(set(lens)))
+    return (f'<div id="adaflash-verify-lens" data-rounds="{len(lens)}"><b>AdaFlash verify length per round</b> '
+            f"(tokens verified: anchor + drafts, chosen by {chooser}; grey: a plain step)"
+            f'<div style="display:flex;align-items:flex-end;gap:1px;height:110px;border-bottom:1px solid #888;'
+            f'margin:6px 0">{bars}</div>{f"verify lengths (length × rounds): {counts}" if counts else ""}</div>')
+
+
+def opd_markdown(status: dict[str, Any]) -> str:
+    """The OPD worker's adapter version, then its other scalar counters."""
+    extra = [f"{key.replace('_', ' ')}: {value}" for key, value in status.items()
+             if key not in ("adapter_version", "tau_history") and isinstance(value, int | float | str | bool)]
+    line = f"**On-policy distillation** · adapter version **{status.get('adapter_version', '–')}**"
+    return line + (" · " + " · ".join(extra) if extra else "")
+
+
+def tau_history_table(status: dict[str, Any]):
+    """``status["tau_history"]`` (``[{"requests", "tau"}, ...]``) as a plot table; None while it is empty."""
+    import pandas as pd
+
+    history = status.get("tau_history")
+    if not history:
+        return None
+    return pd.DataFrame({"requests": [h["requests"] for h in history], "tau": [h["tau"] for h in history]})
+
+
+# --------------------------------------------------------------------------------------------------
+# The page
+
+
+def import_gradio():
+    """gradio, or an ImportError that says how to install the demo extra."""
+    try:
+        import gradio
+    except ImportError as error:
+        raise ImportError(f"adaflash demo needs gradio: pip install 'adaflash-hf[demo]' ({error}).") from error
+    from packaging.version import Version
+
+    if not Version("5.0") <= Version(gradio.__version__) < Version("7"):
+        raise ImportError(f"adaflash demo needs gradio{GRADIO_RANGE}, found {gradio.__version__}: "
+                          f"pip install 'gradio{GRADIO_RANGE}'.")
+    return gradio
+
+
+def sampling_params(temperature: float) -> SamplingParams:
+    from .decoding.sampling import SamplingParams
+
+    return SamplingParams() if temperature == 0 else SamplingParams(do_sample=True, temperature=temperature)
+
+
+def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_head_policy=None,
+               max_new_tokens: int = 200, title: str = "AdaFlash: plain decoding vs lossless speculative decoding") -> gradio.Blocks:
+    """The Gradio page over a loaded target, drafter and tokenizer (not launched).
+
+    opd: an on-policy distillation worker whose ``status()`` dict has ``adapter_version`` and, when
+    available, ``tau_history`` (``[{"requests": int, "tau": float}, ...]``); shown under the texts.
+    length_head_policy: the AdaFlash side's verify-length policy (default: the engine's goodput policy).
+    The verify cost is profiled and both paths are warmed up here, so the first request runs as later ones.
+    """
+    gr = import_gradio()
+    import torch
+
+    from .decoding.policy import FixedVerifyLength
+    from .decoding.proposers import DraftingState
+    from .decoding.state import RowSpec
+    from .prompting import chat_prompt_ids
+
+    drafting_state = DraftingState()  # acceptance rates and the global index learn across the page's requests
+    drafting_state.cost_model.calibrate(target, (1, 2, 4, 8, 16, 32))  # this machine's verify costs from the first request
+    eos = target.generation_config.eos_token_id
+    stop_ids = frozenset() if eos is None else frozenset(torch.tensor(eos).flatten().tolist())
+    chooser = "the length head" if length_head_policy is not None else "the goodput policy"
+
+    def run(prompt: str, budget: int, temperature: float) -> Iterator[Race]:
+        spec = RowSpec(0, chat_prompt_ids(tokenizer, prompt), int(budget), sampling_params(temperature), stop_ids)
+        yield from race(target, drafter, spec, drafting_state=drafting_state, verify_policy=length_head_policy)
+
+    # First passes pay one-off costs; a throwaway state and policy keep them out of what the page's policy learns.
+    warm_up = RowSpec(0, chat_prompt_ids(tokenizer, "Hi!"), 8, stop_ids=stop_ids)
+    for _ in race(target, drafter, warm_up, drafting_state=DraftingState(), verify_policy=FixedVerifyLength()):
+        pass
+
+    def opd_outputs() -> list:
+        status = opd.status()
+        return [opd_markdown(status), tau_history_table(status)]
+
+    def frame(progress: Race) -> list:
+        return [text_html(progress.plain, tokenizer), text_html(progress.adaflash, tokenizer), stats_html(progress),
+                verify_lens_html(progress.adaflash, chooser)] + (opd_outputs() if opd is not None else [])
+
+    def compare(prompt: str, budget: int, temperature: float):
+        if not prompt.strip():
+            raise gr.Error("Type a prompt first.")
+        shown = 0.0
+        for progress in run(prompt, budget, temperature):
+            if progress.done or time.perf_counter() - shown > REFRESH_S:
+                shown = time.perf_counter()
+                yield frame(progress)
+
+    with gr.Blocks(title=title, analytics_enabled=False) as demo:
+        gr.Markdown(f"## {title}\nThe same target model answers twice: alone (one token per forward pass) and with "
+                    "AdaFlash (drafts verified in one pass; the output is the target's own, token for token when "
+                    "greedy). The side that has used less compute time steps next, so the texts race at their real speeds.")
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="prompt")
+            with gr.Column(scale=1):
+                budget = gr.Slider(1, max(512, max_new_tokens), value=max_new_tokens, step=1, label="Max new tokens")
+                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy; sampled texts differ, their distribution does not)")
+        button = gr.Button("Generate", variant="primary", elem_id="generate")
+        gr.Examples(EXAMPLES, inputs=prompt)
+        gr.HTML(legend_html())
+        with gr.Row():
+            with gr.Column():
+                gr.Markdown("### Plain decoding")
+                plain_text = gr.HTML(elem_id="plain-text")
+            with gr.Column():
+                gr.Markdown("### AdaFlash")
+                adaflash_text = gr.HTML(elem_id="adaflash-text")
+        with gr.Row():
+            stats = gr.HTML(elem_id="stats")
+            verify_lens = gr.HTML(elem_id="verify-lens")
+        outputs = [plain_text, adaflash_text, stats, verify_lens]
+        if opd is not None:
+            with gr.Row():
+                opd_status = gr.Markdown(elem_id="opd-status")
+                tau_plot = gr.LinePlot(x="requests", y="tau", title="τ over requests served (OPD)", height=260,
+                                       elem_id="opd-tau")
+            outputs += [opd_status, tau_plot]
+            demo.load(opd_outputs, outputs=[opd_status, tau_plot])
+        # one comparison at a time: both sides share the model, and their timings need the machine to themselves
+        button.click(compare, inputs=[prompt, budget, temperature], outputs=outputs, concurrency_limit=1)
+    return demo
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise a ValueError saying what to do when ``host:port`` cannot be listened on."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(f"cannot listen on {host}:{port} ({error.strerror or error}): pick a free port with "
+                             f"--port (e.g. --port {port + 1 if port < 65535 else 7860}) or a local address with --host.") from None
+
+
+def load_demo(args: DemoArgs) -> gradio.Blocks:
+    """Load the target, drafter and length head that ``args`` name, and build the page on them."""
+    import_gradio()
+    from .drafters import load_drafter
+    from .serving.server import adaptive_policy
+    from .targets import load_target
+
+    target, tokenizer = load_target(args.target, dtype=args.dtype)
+    drafter = load_drafter(args.drafter, target, target_name=args.target)
+    policy = adaptive_policy(drafter, args.length_head, args.target)
+    return build_demo(target, drafter, tokenizer, length_head_policy=policy, max_new_tokens=args.max_new_tokens)
+
+
+def run_demo(args: DemoArgs) -> int:
+    """Serve the page on ``args.host:args.port`` until interrupted (Ctrl-C)."""
+    import_gradio()
+    check_port_free(args.host, args.port)  # before minutes of loading
+    demo = load_demo(args)
+    logger.info("demo of %s on http://%s:%d", args.target, args.host, args.port)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share)
+    return 0

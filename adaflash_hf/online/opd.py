@@ -1,0 +1,438 @@
+"""On-policy distillation while serving: ``AdaFlashOPD(target, drafter, OPDConfig(...))``.
+
+Data flow (AdaFlash, ``shared/DESIGN.md`` §4):
+
+1. **Record.** The engine hands every verified round to :attr:`AdaFlashOPD.observer`; finished
+   requests become :class:`~.trajectories.Trajectory` objects in a bounded buffer (no extra target pass).
+2. **Train.** A background thread takes trajectories (every ``check_every``-th one is kept apart for
+   the acceptance check), and trains LoRA adapters on its own copy of the drafter with
+   α·CE + (1−α)·clipped reverse KL on the target's top-k distribution, the position decay, and
+   ``rejected_weight`` on positions where verification rejected a drafter draft (Draft-OPD).
+   It runs under a duty cycle (``duty_cycle`` of wall time) and in ``train_threads`` threads, so
+   serving keeps the CPU.
+3. **Check and publish.** Every ``steps_per_version`` steps the candidate is compared with the
+   serving version by teacher-forced τ on the held-out trajectories; only a candidate that is at
+   least as good is published (a new version; optionally written to ``publish_dir``).
+4. **Swap.** The serving drafter's :class:`~.adapters.AdapterSlot` applies the newest version on the
+   engine thread, in ``observer.before_round()``: between rounds, never mid-round.
+
+Faults stop training, never serving: a non-finite loss or gradient rolls the trainer back to the last
+good adapter; a worker that dies is reported by :meth:`~AdaFlashOPD.check_health` (and restarted up
+to ``max_restarts`` times); a version that fails its check is not published.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from ..modeling_adaflash import AdaFlashDrafter
+from ..training.anchors import block_labels, sample_anchors
+from ..training.data import IGNORE_INDEX
+from ..training.losses import default_gamma, opd_topk_loss, position_weights
+from ..training.step import acceptance_counts, block_hidden_states, draft_logits, to_draft_ids, to_target_ids
+from .adapters import AdapterSlot, LoraSettings, adapter_state, attach_lora, publish_adapter
+from .trajectories import Trajectory, TrajectoryBuffer, TrajectoryRecorder
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OPDConfig:
+    """Knobs of on-line distillation. Defaults follow AdaFlash's recipe where it has one."""
+
+    alpha: float = field(default=0.8, metadata={"help": "Weight of CE on the target's argmax; 1 - alpha goes to the clipped reverse KL."})
+    clip: float = field(default=0.01, metadata={"help": "Entry-wise clip of the reverse KL (a clipped entry has no gradient)."})
+    lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of the LoRA weights."})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA alpha."})
+    min_trajectories: int = field(default=8, metadata={"help": "Trajectories to collect before training starts."})
+    batch_trajectories: int = field(default=4, metadata={"help": "Trajectories per training batch."})
+    passes: int = field(default=2, metadata={"help": "Optimizer steps per batch (AdaFlash: 2 passes per buffer batch)."})
+    num_anchors: int = field(default=64, metadata={"help": "Blocks sampled per trajectory per step."})
+    loss_positions: int | None = field(default=None, metadata={"help": "Block positions with a loss (default: the whole block)."})
+    gamma: float | None = field(default=None, metadata={"help": "Position decay constant (default: 7 for blocks of 16, 4 for 8)."})
+    rejected_weight: float = field(default=2.0, metadata={"help": "Loss weight of positions where verification rejected a drafter draft."})
+    steps_per_version: int = field(default=8, metadata={"help": "Training steps between acceptance checks / publications."})
+    check_every: int = field(default=4, metadata={"help": "Every n-th trajectory is held out for the acceptance check, not trained on."})
+    check_size: int = field(default=16, metadata={"help": "Held-out trajectories kept for the check (the newest)."})
+    min_improvement: float = field(default=0.0, metadata={"help": "Publish only when held-out tau beats the serving version by at least this."})
+    duty_cycle: float = field(default=0.25, metadata={"help": "Share of wall time the trainer may compute (it sleeps the rest); 1 = no limit."})
+    train_threads: int = field(default=1, metadata={"help": "torch threads of the training thread (serving keeps its own)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
+    top_k: int = field(default=32, metadata={"help": "Teacher entries kept per generated token."})
+    buffer_trajectories: int = field(default=256, metadata={"help": "Buffer bound in trajectories (the oldest are dropped)."})
+    buffer_mb: int = field(default=512, metadata={"help": "Buffer bound in MiB."})
+    publish_dir: str | None = field(default=None, metadata={"help": "Also write each published version here (v000N/ + LATEST)."})
+    max_restarts: int = field(default=3, metadata={"help": "Times check_health() restarts a dead worker."})
+    seed: int = field(default=0, metadata={"help": "Seed of anchor sampling."})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {self.alpha}.")
+        if not 0.0 < self.duty_cycle <= 1.0:
+            raise ValueError(f"duty_cycle must be in (0, 1], got {self.duty_cycle}.")
+        for name in ("min_trajectories", "batch_trajectories", "passes", "num_anchors", "steps_per_version", "check_every",
+                     "check_size", "train_threads", "top_k", "buffer_trajectories", "buffer_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.lr <= 0 or self.clip <= 0:
+            raise ValueError(f"lr and clip must be > 0, got lr={self.lr}, clip={self.clip}.")
+
+
+class WorkerKilled(BaseException):
+    """Raised inside the worker by ``inject_fault("kill")``: the thread dies as if killed."""
+
+
+class _Observer:
+    """What the engine calls: records trajectories and applies new adapter versions between rounds."""
+
+    def __init__(self, recorder: TrajectoryRecorder, slot: AdapterSlot, on_swap):
+        self.recorder, self.slot, self.on_swap = recorder, slot, on_swap
+
+    def before_round(self) -> None:
+        if self.slot.apply_pending():
+            self.on_swap(self.slot.version)
+
+    def on_prefill(self, *args) -> None:
+        self.recorder.on_prefill(*args)
+
+    def on_round(self, *args) -> None:
+        self.recorder.on_round(*args)
+
+    def on_finish(self, row_id) -> None:
+        self.recorder.on_finish(row_id)
+
+
+class AdaFlashOPD:
+    """On-policy distillation of ``drafter`` towards ``target``'s live traffic, in the background.
+
+    ``drafter`` becomes the serving drafter: a zero-initialised LoRA adapter is injected into it in
+    place (outputs unchanged until the first swap). Pass :attr:`observer` to the engine
+    (``adaflash_hf.generate(..., observer=opd.observer)``, ``SpeculativeBatch(observer=...)``), or call
+    :meth:`attach` so every ``generate`` / ``target.generate(assistant_model=drafter)`` on ``target``
+    uses it. Then :meth:`start`; :meth:`status` reports; :meth:`stop` joins the worker.
+    """
+
+    def __init__(self, target: PreTrainedModel, drafter: AdaFlashDrafter, config: OPDConfig | None = None,
+                 base_drafter_name: str = "adaflash-drafter"):
+        if not isinstance(drafter, AdaFlashDrafter):
+            raise TypeError(f"AdaFlashOPD trains an AdaFlashDrafter, got {type(drafter).__name__}.")
+        self.config = config or OPDConfig()
+        self.target, self.drafter, self.base_drafter_name = target, drafter, base_drafter_name
+        self.settings = LoraSettings(self.config.lora_rank, self.config.lora_alpha)
+        if getattr(drafter, "adaflash_lora", None) is None:
+            attach_lora(drafter, self.settings)
+        self.slot = AdapterSlot(drafter)
+        self.buffer = TrajectoryBuffer(self.config.buffer_trajectories, self.config.buffer_mb * 2**20)
+        self.recorder = TrajectoryRecorder(self.buffer, top_k=self.config.top_k)
+        self.observer = _Observer(self.recorder, self.slot, self._on_swap)
+        # The trainer's own copy: fp32 LoRA weights, base frozen; the serving drafter is never touched by it.
+        self.train_model = copy.deepcopy(drafter).float().train()
+        for name, param in self.train_model.named_parameters():
+            param.requires_grad_("lora_" in name)
+        self.good_state = adapter_state(self.train_model)  # the published (serving) adapter
+        self.check_set: deque[Trajectory] = deque(maxlen=self.config.check_size)
+        self.version = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._faults: set[str] = set()
+        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self._optimizer = self._new_optimizer()
+        self._taken = 0
+        self._steps_since_check = 0
+        self.counters = {"steps": 0, "nan_steps": 0, "step_errors": 0, "published": 0, "rejected_versions": 0,
+                         "restarts": 0, "swaps": 0, "trained_trajectories": 0}
+        self.train_seconds = 0.0
+        self.started_at: float | None = None
+        self.state = "idle"
+        self.last_loss: float | None = None
+        self.last_check: dict | None = None
+        self.errors: deque[str] = deque(maxlen=20)
+        self.tau_history: deque[dict] = deque(maxlen=1000)
+
+    # ----------------------------------------------------------------------------------------------
+    # lifecycle
+    def attach(self, target: PreTrainedModel | None = None) -> AdaFlashOPD:
+        """Make every AdaFlash generation on ``target`` (default: the OPD target) record and swap."""
+        (target or self.target).adaflash_observer = self.observer
+        return self
+
+    def detach(self, target: PreTrainedModel | None = None) -> None:
+        t = target or self.target
+        if getattr(t, "adaflash_observer", None) is self.observer:
+            del t.adaflash_observer
+
+    def start(self) -> AdaFlashOPD:
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+        self.started_at = self.started_at or time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="adaflash-opd", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.state = "stopped"
+
+    def check_health(self) -> bool:
+        """Whether the worker runs; a dead one is restarted (up to ``max_restarts``) from the last good adapter."""
+        if self._thread is None or self._thread.is_alive() or self._stop.is_set():
+            return self._thread is not None and self._thread.is_alive()
+        if self.counters["restarts"] >= self.config.max_restarts:
+            self.state = "failed"
+            return False
+        self.counters["restarts"] += 1
+        self._rollback()
+        self._thread = None
+        self.start()
+        return True
+
+    def inject_fault(self, kind: str) -> None:
+        """For reliability tests: "nan" poisons the next step's gradient; "kill" kills the worker thread."""
+        if kind not in ("nan", "kill"):
+            raise ValueError(f"unknown fault {kind!r}: use 'nan' or 'kill'.")
+        self._faults.add(kind)
+
+    def status(self) -> dict:
+        alive = self._thread is not None and self._thread.is_alive()
+        elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
+        return {
+            "state": self.state if alive or self.state in ("stopped", "failed", "idle") else "dead",
+            "worker_alive": alive,
+            "adapter_version": self.slot.version,
+            "published_version": self.version,
+            "last_loss": self.last_loss,
+            "last_check": self.last_check,
+            "train_seconds": round(self.train_seconds, 2),
+            "train_share": round(self.train_seconds / elapsed, 3) if elapsed else 0.0,
+            "buffer": self.buffer.counters(),
+            "check_set": len(self.check_set),
+            "errors": list(self.errors),
+            "tau_history": list(self.tau_history),
+            **self.counters,
+        }
+
+    def _on_swap(self, version: int) -> None:
+        self.counters["swaps"] += 1
+        logger.info("serving adapter v%d", version)
+
+    # ----------------------------------------------------------------------------------------------
+    # the worker
+    def _run(self) -> None:
+        torch.set_num_threads(self.config.train_threads)  # this thread's pool only; serving keeps its threads
+        try:
+            while not self._stop.is_set():
+                if "kill" in self._faults:
+                    self._faults.discard("kill")
+                    raise WorkerKilled("injected")
+                if self.buffer.added < self.config.min_trajectories:
+                    self.state = "waiting for data"
+                    self._stop.wait(0.2)
+                    continue
+                batch = self._take_batch()
+                if not batch:
+                    self.state = "waiting for data"
+                    continue
+                self.state = "training"
+                tick = time.perf_counter()
+                for _ in range(self.config.passes):
+                    self._guarded_step(batch)
+                self._steps_since_check += self.config.passes
+                if self._steps_since_check >= self.config.steps_per_version:
+                    self._steps_since_check = 0
+                    self._check_and_publish()
+                work = time.perf_counter() - tick
+                self.train_seconds += work
+                if self.config.duty_cycle < 1:  # yield the CPU to serving
+                    self._stop.wait(work * (1 - self.config.duty_cycle) / self.config.duty_cycle)
+        except WorkerKilled:
+            self.errors.append("worker killed")
+            self.state = "dead"
+        except Exception as exc:  # a bug in training must never reach serving
+            logger.exception("OPD worker failed")
+            self.errors.append(f"worker failed: {type(exc).__name__}: {exc}")
+            self.state = "dead"
+
+    def _take_batch(self) -> list[Trajectory]:
+        batch = []
+        for trajectory in self.buffer.take(self.config.batch_trajectories, timeout=0.5):
+            self._taken += 1
+            if self._taken % self.config.check_every == 0:
+                self.check_set.append(trajectory)
+            else:
+                batch.append(trajectory)
+        self.counters["trained_trajectories"] += len(batch)
+        return batch
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.train_model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.config.lr, weight_decay=0.0)
+
+    def _rollback(self) -> None:
+        """Restore the trainer to the serving adapter and forget the optimizer's moments."""
+        from peft import set_peft_model_state_dict
+
+        state = {k.removeprefix("base_model.model."): v.clone() for k, v in self.good_state.items()}
+        set_peft_model_state_dict(self.train_model, state)
+        self._optimizer = self._new_optimizer()
+
+    def _guarded_step(self, batch: list[Trajectory]) -> None:
+        try:
+            loss = self._step(batch)
+        except FloatingPointError as exc:
+            self.counters["nan_steps"] += 1
+            self.errors.append(f"step {self.counters['steps']}: {exc}; rolled back to v{self.version}")
+            self._rollback()
+            return
+        except (RuntimeError, ValueError) as exc:
+            self.counters["step_errors"] += 1
+            self.errors.append(f"step {self.counters['steps']}: {type(exc).__name__}: {exc}; rolled back to v{self.version}")
+            self._rollback()
+            return
+        self.last_loss = loss
+        self.counters["steps"] += 1
+
+    def _step(self, batch: list[Trajectory]) -> float:
+        """One optimizer step on a batch; raises FloatingPointError on a non-finite loss or gradient."""
+        with self._autocast():
+            loss, _ = self._loss(self.train_model, batch, with_grad=True)
+        if not math.isfinite(float(loss.detach())):
+            raise FloatingPointError(f"non-finite loss {float(loss.detach())}")
+        self._optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in self.train_model.parameters() if p.requires_grad]
+        if "nan" in self._faults:
+            self._faults.discard("nan")
+            params[0].grad.fill_(float("nan"))
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        if not math.isfinite(float(norm)):
+            raise FloatingPointError(f"non-finite gradient norm {float(norm)}")
+        self._optimizer.step()
+        return float(loss.detach())
+
+    def _autocast(self):
+        """bf16 compute for the fp32 LoRA copy, as in offline training (the target's weights stay as they are)."""
+        return torch.autocast(next(self.target.parameters()).device.type, dtype=torch.bfloat16)
+
+    def _loss(self, model, batch: list[Trajectory], with_grad: bool):
+        """OPD loss and teacher-forced (accepted (N,), predictions, labels) over a batch of trajectories."""
+        cfg = self.config
+        block_size = model.config.block_size
+        num_positions = cfg.loss_positions or block_size - 1
+        gamma = cfg.gamma or default_gamma(block_size)
+        device = next(self.target.parameters()).device
+        tokens, context, label_mask, labels, teacher_ids, teacher_lp, rejected = _collate(batch, device)
+        anchors, valid = sample_anchors(label_mask, cfg.num_anchors, self._generator)
+        block_lab = block_labels(labels, label_mask, anchors, valid, block_size, input_ids=tokens)[:, :, :num_positions]  # (b, A, K)
+        keep = block_lab != IGNORE_INDEX
+        with torch.set_grad_enabled(with_grad):
+            hidden = block_hidden_states(model, self.target.get_input_embeddings(), tokens, context, anchors, num_positions)  # (b, A, K, H)
+            logits = draft_logits(model, self.target.get_output_embeddings(), hidden[keep])  # (n, V_draft)
+            label_pos = anchors[:, :, None] + torch.arange(1, num_positions + 1, device=device)  # (b, A, K)
+            rows = torch.arange(len(batch), device=device)[:, None, None].expand_as(label_pos)
+            r, t = rows[keep], label_pos[keep]
+            vocab_size = self.target.get_output_embeddings().weight.shape[0]
+            ids = to_draft_ids(teacher_ids[r, t].long(), model, vocab_size)  # (n, k)
+            weights = position_weights(block_size, gamma, num_positions).to(device).expand_as(label_pos)[keep]
+            weights = weights * torch.where(rejected[r, t], cfg.rejected_weight, 1.0)
+            loss = opd_topk_loss(logits, ids, teacher_lp[r, t], weights, cfg.alpha, cfg.clip) if len(r) else logits.sum() * 0
+        predictions = torch.full_like(block_lab, IGNORE_INDEX)
+        predictions[keep] = to_target_ids(logits.detach().argmax(-1), model)
+        return loss, acceptance_counts(predictions.cpu(), block_lab.cpu())
+
+    @torch.no_grad()
+    def held_out_tau(self, state: dict[str, torch.Tensor] | None = None, trajectories: list[Trajectory] | None = None) -> tuple[float, list[float]]:
+        """Teacher-forced τ and per-position acceptance of the trainer's drafter (or of ``state``) on held-out trajectories."""
+        from peft import set_peft_model_state_dict
+
+        trajectories = list(self.check_set) if trajectories is None else trajectories
+        if not trajectories:
+            return float("nan"), []
+        saved = None
+        if state is not None:
+            saved = adapter_state(self.train_model)
+            set_peft_model_state_dict(self.train_model, {k.removeprefix("base_model.model."): v for k, v in state.items()})
+        generator_state = self._generator.get_state()
+        self._generator.manual_seed(12345)  # the same anchors for every version compared
+        try:
+            with self._autocast():
+                accepted, hits, seen = [], 0, 0
+                for i in range(0, len(trajectories), self.config.batch_trajectories):
+                    _, (acc, h, s) = self._loss(self.train_model, trajectories[i:i + self.config.batch_trajectories], with_grad=False)
+                    accepted.append(acc)
+                    hits, seen = hits + h, seen + s
+        finally:
+            self._generator.set_state(generator_state)
+            if saved is not None:
+                set_peft_model_state_dict(self.train_model, {k.removeprefix("base_model.model."): v for k, v in saved.items()})
+        accepted = torch.cat(accepted).float()
+        return 1.0 + float(accepted.mean()) if len(accepted) else float("nan"), (hits / seen.clamp_min(1)).tolist()
+
+    def _check_and_publish(self) -> None:
+        """Publish the candidate only if its held-out τ is at least the serving version's (+ min_improvement)."""
+        candidate = adapter_state(self.train_model)
+        if not self.check_set:
+            return
+        cand_tau, positions = self.held_out_tau()
+        serving_tau, _ = self.held_out_tau(self.good_state)
+        passed = math.isfinite(cand_tau) and cand_tau >= serving_tau + self.config.min_improvement
+        self.last_check = {"candidate_tau": round(cand_tau, 4), "serving_tau": round(serving_tau, 4), "passed": passed,
+                           "position_acceptance": [round(p, 3) for p in positions], "check_trajectories": len(self.check_set)}
+        if not passed:
+            self.counters["rejected_versions"] += 1
+            return
+        with self._lock:
+            self.version += 1
+            version = self.version
+        self.good_state = candidate
+        self.slot.offer(version, candidate)
+        self.counters["published"] += 1
+        self.tau_history.append({"requests": self.buffer.added, "version": version, "tau": round(cand_tau, 4)})
+        if self.config.publish_dir:
+            try:
+                publish_adapter(self.config.publish_dir, version, candidate, self.settings, self.base_drafter_name,
+                                {"tau": cand_tau, "previous_tau": serving_tau, "requests": self.buffer.added,
+                                 "tau_kind": "teacher-forced, held-out live trajectories"},
+                                target=getattr(self.target, "name_or_path", None))
+            except OSError as exc:
+                self.errors.append(f"could not write v{version} to {self.config.publish_dir}: {exc}")
+
+
+def _collate(batch: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
+    """Right-pad trajectories: tokens (b, L), context (b, L, F), label_mask (b, L) on generated tokens,
+    labels (b, L) the target's argmax behind each token, teacher ids/logprobs (b, L, k) behind each
+    token, rejected (b, L)."""
+    length = max(len(t.tokens) for t in batch)
+    b, k = len(batch), batch[0].teacher_ids.shape[1]
+    feat = batch[0].features.shape[1]
+    tokens = torch.zeros(b, length, dtype=torch.long)
+    context = torch.zeros(b, length, feat, dtype=batch[0].features.dtype)
+    label_mask = torch.zeros(b, length, dtype=torch.bool)
+    labels = torch.full((b, length), IGNORE_INDEX, dtype=torch.long)
+    teacher_ids = torch.full((b, length, k), -1, dtype=torch.int32)
+    teacher_lp = torch.zeros(b, length, k)
+    rejected = torch.zeros(b, length, dtype=torch.bool)
+    for i, t in enumerate(batch):
+        n, p = len(t.tokens), t.prompt_len
+        tokens[i, :n] = t.tokens
+        context[i, : len(t.features)] = t.features
+        label_mask[i, p:n] = True
+        teacher_ids[i, p:n] = t.teacher_ids
+        teacher_lp[i, p:n] = t.teacher_logprobs
+        labels[i, p:n] = t.teacher_ids[:, 0].long()
+        rejected[i, :n] = t.rejected
+    return tuple(x.to(device) for x in (tokens, context, label_mask, labels, teacher_ids, teacher_lp, rejected))
+

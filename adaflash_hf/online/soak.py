@@ -1,0 +1,249 @@
+"""``adaflash soak-opd``: serving with OPD running, adapter swaps and injected faults, checked request by request.
+
+Requests (mixed domains, ``--concurrency`` at a time) go through the serving scheduler with an
+:class:`~.opd.AdaFlashOPD` attached. Faults are injected at fixed points of the run:
+
+- ``kill``: the OPD worker thread dies; the scheduler's health check restarts it;
+- ``nan``: the next training step gets a NaN gradient; the trainer rolls back;
+- ``corrupt``: a corrupt adapter is published with a bumped ``LATEST``; an external engine
+  following the publish folder must skip it and keep its last good adapter;
+- ``full``: the trainer pauses while traffic goes on, so the buffer overflows and drops its oldest.
+
+Checked: every request finishes exactly once, greedy outputs equal the target's own (run it in fp32
+for exact equality), and resident memory stays flat after warm-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..cli_args import dtype_field
+
+logger = logging.getLogger(__name__)
+
+FAULTS = ("kill", "nan", "corrupt", "full")
+
+
+@dataclass
+class SoakArgs:
+    """Options of ``adaflash soak-opd``."""
+
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "Drafter ('auto': the bundled one)."})
+    dtype: str = dtype_field("fp32")
+    requests: int = field(default=1000, metadata={"help": "Requests in the soak."})
+    concurrency: int = field(default=8, metadata={"help": "Requests in flight at once."})
+    distinct_prompts: int = field(default=48, metadata={"help": "Distinct prompts (mixed domains, train split); requests cycle through them."})
+    max_new_tokens: int = field(default=32, metadata={"help": "New tokens per request."})
+    faults: str = field(default="kill,nan,corrupt,full", metadata={"help": "Faults to inject, spread over the run (subset of kill, nan, corrupt, full)."})
+    output: str = field(default="results/soak_opd.json", metadata={"help": "Report JSON (a .txt summary goes beside it)."})
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "concurrency", "distinct_prompts", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        unknown = set(self.fault_list) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault(s) {sorted(unknown)}: choose from {', '.join(FAULTS)}.")
+
+    @property
+    def fault_list(self) -> list[str]:
+        return [f.strip() for f in self.faults.split(",") if f.strip()]
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process in MiB (Linux /proc; falls back to the peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[list[int]], *, requests: int,
+         concurrency: int, max_new_tokens: int, faults: list[str], opd_config=None, publish_dir: str | None = None) -> dict:
+    """Run the soak on loaded models; ``references[i]`` is the target's own greedy output for ``prompts[i]``."""
+    import copy
+
+    import torch
+
+    from ..decoding.engine import generate
+    from ..serving.scheduler import RequestParams, Scheduler, SchedulerConfig
+    from .adapters import AdapterFollower, AdapterSlot, attach_lora
+    from .opd import AdaFlashOPD, OPDConfig
+
+    publish_dir = publish_dir or tempfile.mkdtemp(prefix="adaflash-soak-")
+    base = copy.deepcopy(drafter)  # the external engine's drafter, before LoRA is injected into the serving one
+    config = opd_config or OPDConfig(min_trajectories=4, batch_trajectories=2, steps_per_version=2, duty_cycle=0.5,
+                                     lr=1e-3, buffer_trajectories=32)
+    config.publish_dir = publish_dir
+    opd = AdaFlashOPD(target, drafter, config, base_drafter_name="soak-drafter")
+    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=concurrency, max_queue=4 * concurrency, calibrate=False),
+                          opd=opd)
+    external = attach_lora(base, opd.settings)
+    follower = AdapterFollower(publish_dir, AdapterSlot(external))
+    fault_at = {f: int(requests * (i + 1) / (len(faults) + 1)) for i, f in enumerate(faults)}
+    log: list[dict] = []
+    memory: list[dict] = []
+    results: dict[int, list] = {}
+    mismatches: list[int] = []
+    duplicates: list[int] = []
+
+    def external_check(n: int = 3) -> bool:
+        """Serve a few requests on the engine that follows the publish folder; all must equal the target's."""
+        follower.poll()
+        follower.slot.apply_pending()
+        ok = True
+        for i in range(n):
+            ids = torch.tensor([prompts[i]])
+            out = generate(target, external, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+            ok &= out.sequences[0, ids.shape[1]:].tolist()[: out.num_new_tokens[0]] == references[i]
+        return ok
+
+    def inject(fault: str, done: int) -> None:
+        entry = {"fault": fault, "at_request": done, "opd_before": _brief(opd.status())}
+        if fault in ("kill", "nan"):
+            opd.inject_fault(fault)
+        elif fault == "corrupt":
+            entry["external_ok_before"] = external_check()
+            good = follower.slot.version
+            bad = max([good, opd.version, *[int(p.name[1:]) for p in Path(publish_dir).glob("v[0-9]*")]]) + 1
+            folder = Path(publish_dir) / f"v{bad:04d}"
+            folder.mkdir(parents=True)
+            (folder / "adapter_model.safetensors").write_bytes(b"\x00corrupt adapter")
+            (Path(publish_dir) / "LATEST").write_text(f"{bad}\n")
+            entry["external_ok_after"] = external_check()
+            entry["external_version"], entry["external_errors"] = follower.slot.version, list(follower.errors)
+            entry["recovered"] = entry["external_ok_after"] and follower.slot.version == good and bool(follower.errors)
+        elif fault == "full":
+            opd.stop()  # the trainer pauses: traffic fills the buffer past its bound
+            entry["paused_until"] = min(requests - 1, done + max(2 * config.buffer_trajectories, requests // 10))
+        log.append(entry)
+
+    async def client() -> None:
+        loop_start = time.perf_counter()
+        next_request = 0
+        paused_until = None
+
+        async def one(i: int) -> None:
+            stream = scheduler.submit(prompts[i % len(prompts)], RequestParams(max_new_tokens=max_new_tokens))
+            tokens, reason = await stream.collect()
+            if i in results:
+                duplicates.append(i)
+            results[i] = [tokens, reason]
+            if tokens != references[i % len(prompts)]:
+                mismatches.append(i)
+
+        pending: set[asyncio.Task] = set()
+        while next_request < requests or pending:
+            while next_request < requests and len(pending) < concurrency:
+                for fault, at in fault_at.items():
+                    if next_request == at:
+                        inject(fault, next_request)
+                        if fault == "full":
+                            paused_until = log[-1]["paused_until"]
+                if paused_until is not None and next_request >= paused_until:
+                    for entry in log:
+                        if entry["fault"] == "full":
+                            entry["buffer_at_resume"] = opd.buffer.counters()
+                    opd.start()
+                    paused_until = None
+                pending.add(asyncio.create_task(one(next_request)))
+                next_request += 1
+                if next_request % 50 == 0:
+                    memory.append({"requests": next_request, "rss_mb": round(rss_mb(), 1), "seconds": round(time.perf_counter() - loop_start, 1),
+                                   "opd": _brief(opd.status())})
+                    logger.info("soak: %d requests, rss %.0f MiB, adapter v%d", next_request, memory[-1]["rss_mb"], opd.slot.version)
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+
+    scheduler.start()
+    start = time.perf_counter()
+    try:
+        asyncio.run(client())
+    finally:
+        scheduler.stop()
+    seconds = time.perf_counter() - start
+    status = opd.status()
+    for entry in log:
+        if entry["fault"] == "kill":
+            entry["recovered"] = status["restarts"] >= 1
+        elif entry["fault"] == "nan":
+            entry["recovered"] = status["nan_steps"] >= 1
+        elif entry["fault"] == "full":
+            buffer = entry.get("buffer_at_resume", status["buffer"])
+            entry["recovered"] = buffer["dropped"] > 0 and buffer["size"] <= config.buffer_trajectories
+    after_warmup = [m["rss_mb"] for m in memory[len(memory) // 4:]] or [rss_mb()]
+    lost = [i for i in range(requests) if i not in results or results[i][1] not in ("stop", "length")]
+    report = {
+        "requests": requests, "concurrency": concurrency, "max_new_tokens": max_new_tokens, "seconds": round(seconds, 1),
+        "lost": lost, "duplicated": duplicates, "mismatched": mismatches,
+        "faults": log, "memory": memory,
+        "rss_growth_after_warmup_mb": round(max(after_warmup) - after_warmup[0], 1),
+        "opd": _brief(status),
+        "adapter_swaps": status["swaps"], "published_versions": status["published"],
+    }
+    report["passed"] = (not lost and not duplicates and not mismatches and all(e.get("recovered") for e in log)
+                        and report["rss_growth_after_warmup_mb"] < 0.1 * after_warmup[0] + 100)
+    return report
+
+
+def _brief(status: dict) -> dict:
+    keep = ("state", "worker_alive", "adapter_version", "published_version", "steps", "nan_steps", "restarts", "swaps",
+            "published", "rejected_versions", "errors", "buffer")
+    return {k: status[k] for k in keep}
+
+
+def run_soak(args: SoakArgs) -> int:
+    import torch
+
+    from ..cli_args import encode_prompt
+    from ..data import load_prompts
+    from ..drafters import load_drafter
+    from ..targets import load_target
+
+    target, tokenizer = load_target(args.target, dtype=args.dtype)
+    drafter = load_drafter(args.drafter, target, target_name=args.target)
+    rows = load_prompts("all", split="train", limit_per_domain=max(1, args.distinct_prompts // 6 + 1)).to_list()
+    rows = rows[:: max(1, len(rows) // args.distinct_prompts)][: args.distinct_prompts]
+    prompts = [encode_prompt(tokenizer, r["prompt"])[0].tolist() for r in rows]
+    references = []
+    for p in prompts:  # the target's own greedy output, one prompt at a time
+        ids = torch.tensor([p])
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False,
+                              pad_token_id=tokenizer.pad_token_id)[0, len(p):].tolist()
+        eos = set(torch.tensor(target.generation_config.eos_token_id).flatten().tolist())
+        cut = next((i + 1 for i, t in enumerate(out) if t in eos), len(out))
+        references.append(out[:cut])
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    report = soak(target, drafter, tokenizer, prompts, references, requests=args.requests, concurrency=args.concurrency,
+                  max_new_tokens=args.max_new_tokens, faults=args.fault_list,
+                  publish_dir=str(output.with_suffix("")) + "_publish")
+    report = {"command": "adaflash soak-opd " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items()),
+              "domains": sorted({r["domain"] for r in rows}), **report}
+    output.write_text(json.dumps(report, indent=2))
+    summary = summarise(report)
+    output.with_suffix(".txt").write_text(summary + "\n")
+    print(summary)
+    return 0 if report["passed"] else 1
+
+
+def summarise(report: dict) -> str:
+    lines = [f"OPD soak: {report['requests']} requests, concurrency {report['concurrency']}, {report['seconds']} s: "
+             f"{'PASSED' if report['passed'] else 'FAILED'}",
+             f"lost {len(report['lost'])}, duplicated {len(report['duplicated'])}, outputs different from the target's "
+             f"{len(report['mismatched'])}",
+             f"adapter versions published {report['published_versions']}, swaps {report['adapter_swaps']}, "
+             f"rss growth after warm-up {report['rss_growth_after_warmup_mb']} MiB"]
+    for entry in report["faults"]:
+        lines.append(f"fault {entry['fault']:8s} at request {entry['at_request']:5d}: {'recovered' if entry.get('recovered') else 'NOT recovered'}")
+    return "\n".join(lines)

@@ -1,0 +1,406 @@
+"""On-line distillation: the top-k OPD loss, trajectory recording, the buffer, adapter swaps and faults."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+import torch
+
+from adaflash_hf import AdaFlashDrafter, enable_adaflash
+from adaflash_hf.decoding.engine import generate
+from adaflash_hf.decoding.state import context_features
+from adaflash_hf.online import (
+    AdaFlashOPD,
+    AdapterFollower,
+    AdapterSlot,
+    LoraSettings,
+    OPDConfig,
+    Trajectory,
+    TrajectoryBuffer,
+    TrajectoryRecorder,
+    attach_lora,
+    merge_adapter,
+    publish_adapter,
+)
+from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
+from adaflash_hf.training.losses import clipped_reverse_kl, opd_topk_loss, topk_reverse_kl
+
+from conftest import left_pad, random_prompts, tiny_target
+
+
+@pytest.fixture
+def pair():
+    target = tiny_target("llama").float()
+    torch.manual_seed(1)
+    return target, AdaFlashDrafter.from_target(target, num_layers=2, block_size=5).eval()
+
+
+def _randomise_lora(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+# ------------------------------------------------------------------------------------------------
+# the loss
+def test_topk_reverse_kl_is_exact_with_every_token_and_a_lower_bound_with_fewer():
+    torch.manual_seed(0)
+    draft, target = torch.randn(6, 30), torch.randn(6, 30)
+    logprobs = torch.log_softmax(target, -1)
+    values, ids = logprobs.topk(30, -1)
+    full = clipped_reverse_kl(draft, target, clip=1e9)
+    torch.testing.assert_close(topk_reverse_kl(draft, ids, values, clip=1e9), full, atol=1e-5, rtol=1e-5)
+    values, ids = logprobs.topk(4, -1)
+    assert bool((topk_reverse_kl(draft, ids, values, clip=1e9) <= full + 1e-6).all())
+    assert bool((topk_reverse_kl(draft, ids, values, clip=1e9) > 0).all())
+
+
+def test_topk_reverse_kl_is_zero_when_the_draft_equals_the_target():
+    logits = torch.randn(5, 20)
+    values, ids = torch.log_softmax(logits, -1).topk(6, -1)
+    torch.testing.assert_close(topk_reverse_kl(logits, ids, values, clip=1.0), torch.zeros(5), atol=1e-5, rtol=0)
+
+
+def test_a_clipped_entry_gets_zero_gradient():
+    torch.manual_seed(0)
+    target = torch.randn(2, 20)
+    values, ids = torch.log_softmax(target, -1).topk(8, -1)
+    draft = torch.stack([target[0] + 0.01 * torch.randn(20), -3 * target[1]]).requires_grad_()  # small KL, large KL
+    kl = topk_reverse_kl(draft, ids, values, clip=0.05)
+    assert kl[0] < 0.05 and kl[1] == 0.05
+    kl.sum().backward()
+    assert draft.grad[1].abs().max() == 0 and draft.grad[0].abs().max() > 0
+
+
+def test_opd_topk_loss_mixes_ce_and_kl_and_skips_labels_outside_the_draft_vocab():
+    torch.manual_seed(0)
+    draft, target = torch.randn(4, 12), torch.randn(4, 12)
+    values, ids = torch.log_softmax(target, -1).topk(12, -1)
+    w = torch.ones(4)
+    ce = torch.nn.functional.cross_entropy(draft, ids[:, 0])
+    torch.testing.assert_close(opd_topk_loss(draft, ids, values, w, alpha=1.0), ce)
+    kl = clipped_reverse_kl(draft, target, clip=0.5).mean()
+    torch.testing.assert_close(opd_topk_loss(draft, ids, values, w, alpha=0.0, clip=0.5), kl, atol=1e-5, rtol=1e-5)
+    outside = ids.clone()
+    outside[0, 0] = -100  # the target's argmax of row 0 is not in the draft vocabulary: no CE there
+    ce_rest = torch.nn.functional.cross_entropy(draft[1:], ids[1:, 0], reduction="sum") / 4
+    torch.testing.assert_close(opd_topk_loss(draft, outside, values, w, alpha=1.0), ce_rest)
+    with pytest.raises(ValueError, match="alpha"):
+        opd_topk_loss(draft, ids, values, w, alpha=1.5)
+
+
+# ------------------------------------------------------------------------------------------------
+# recording and the buffer
+def _trajectory(n: int, features: int = 8) -> Trajectory:
+    return Trajectory(torch.arange(n, dtype=torch.int32), 2, torch.zeros(n - 1, features, dtype=torch.bfloat16),
+                      torch.zeros(n - 2, 4, dtype=torch.int32), torch.zeros(n - 2, 4), torch.zeros(n, dtype=torch.bool))
+
+
+def test_buffer_is_bounded_in_count_and_bytes_and_drops_the_oldest():
+    buffer = TrajectoryBuffer(max_trajectories=3, max_bytes=10**9)
+    for n in range(4, 9):
+        buffer.add(_trajectory(n))
+    assert len(buffer) == 3 and buffer.dropped == 2
+    assert [len(t.tokens) for t in buffer.take(10)] == [6, 7, 8]
+    one = _trajectory(20).nbytes
+    buffer = TrajectoryBuffer(max_trajectories=100, max_bytes=int(2.5 * one))
+    for _ in range(5):
+        buffer.add(_trajectory(20))
+    assert len(buffer) == 2 and buffer.nbytes <= 2.5 * one and buffer.dropped == 3
+    with pytest.raises(ValueError, match="room"):
+        TrajectoryBuffer(max_trajectories=0)
+
+
+def test_buffer_is_thread_safe():
+    buffer = TrajectoryBuffer(max_trajectories=50, max_bytes=10**9)
+    taken = []
+
+    def produce():
+        for _ in range(200):
+            buffer.add(_trajectory(6))
+
+    def consume():
+        for _ in range(300):
+            taken.extend(buffer.take(3))
+
+    threads = [threading.Thread(target=produce) for _ in range(4)] + [threading.Thread(target=consume) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counters = buffer.counters()
+    assert counters["added"] == 800
+    assert counters["taken"] == len(taken)
+    assert counters["added"] == counters["taken"] + counters["dropped"] + counters["size"]
+    assert counters["bytes"] == sum(t.nbytes for t in buffer.take(1000))
+
+
+def test_recorded_trajectories_match_a_fresh_target_pass(pair):
+    """Recording costs no extra pass, and what it keeps is what a teacher-forced pass would compute."""
+    target, drafter = pair
+    buffer = TrajectoryBuffer()
+    recorder = TrajectoryRecorder(buffer, top_k=5)
+    ids, mask = left_pad(random_prompts([5, 9, 7]))
+    out = generate(target, drafter, ids, mask, max_new_tokens=20, do_sample=False, observer=recorder)
+    trajectories = buffer.take(10)
+    assert len(trajectories) == 3 and recorder.open_rows == 0
+    prompts = [ids[row][mask[row].bool()].tolist() for row in range(3)]
+    for t in trajectories:  # they arrive in the order rows finish
+        row = prompts.index(t.tokens[: t.prompt_len].tolist())
+        prompt = ids[row][mask[row].bool()]
+        new = out.sequences[row, ids.shape[1]:][: out.num_new_tokens[row]]
+        assert t.tokens.tolist() == prompt.tolist() + new.tolist()
+        assert len(t.features) == len(t.tokens) - 1 and len(t.teacher_ids) == t.num_generated
+        ref = target(t.tokens[None, :-1].long(), output_hidden_states=True)
+        torch.testing.assert_close(t.features.float(), context_features(ref.hidden_states, drafter.config.target_layer_ids)[0],
+                                   atol=3e-2, rtol=3e-2)  # stored as bf16
+        assert torch.equal(t.teacher_ids[:, 0].long(), ref.logits[0, t.prompt_len - 1:].argmax(-1))  # greedy: the tokens
+        assert torch.equal(t.teacher_ids[:, 0].long(), t.tokens[t.prompt_len:].long())
+        torch.testing.assert_close(t.teacher_logprobs, torch.log_softmax(ref.logits[0, t.prompt_len - 1:], -1).topk(5, -1).values,
+                                   atol=1e-4, rtol=1e-4)
+        assert sum(t.source_tokens.values()) == t.num_generated
+
+
+def test_the_generate_path_records_too(pair):
+    target, drafter = pair
+    enable_adaflash(target)
+    buffer = TrajectoryBuffer()
+    target.adaflash_observer = TrajectoryRecorder(buffer, top_k=3)
+    ids = torch.tensor([random_prompts([6])[0]])
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False)
+    del target.adaflash_observer
+    (t,) = buffer.take(5)
+    assert t.tokens.tolist() == out[0, : len(t.tokens)].tolist()  # all but the final round
+    assert len(t.tokens) > ids.shape[1] + 1
+    assert torch.equal(t.teacher_ids[:, 0].long(), t.tokens[t.prompt_len:].long())
+
+
+# ------------------------------------------------------------------------------------------------
+# adapters: swap atomicity, publish, follow, merge
+def test_a_swap_happens_only_between_rounds_and_never_tears(pair):
+    target, drafter = pair
+    attach_lora(drafter, LoraSettings(rank=4))
+    slot = AdapterSlot(drafter)
+    versions = []
+    for seed in range(6):
+        _randomise_lora(drafter, seed)
+        versions.append(adapter_state(drafter))
+    slot.offer(1, versions[0])
+    assert slot.apply_pending() and slot.version == 1
+    seen = []
+
+    def fingerprint(module, args, kwargs):
+        seen.append(tuple(float(p.sum()) for n, p in module.named_parameters() if "lora_" in n))
+
+    handle = drafter.register_forward_pre_hook(fingerprint, with_kwargs=True)
+    stop = threading.Event()
+
+    def offer_forever():
+        i = 0
+        while not stop.is_set():
+            slot.offer(2 + i % 5, versions[1 + i % 5])
+            i += 1
+
+    class SwapBetweenRounds:
+        def before_round(self):
+            slot.apply_pending()
+
+        def on_prefill(self, *a): ...
+        def on_round(self, *a): ...
+        def on_finish(self, row): ...
+
+    thread = threading.Thread(target=offer_forever)
+    thread.start()
+    try:
+        ids, mask = left_pad(random_prompts([5, 8]))
+        out = generate(target, drafter, ids, mask, max_new_tokens=30, do_sample=False, observer=SwapBetweenRounds())
+    finally:
+        stop.set()
+        thread.join()
+        handle.remove()
+    allowed = {tuple(float(v.sum()) for v in _ordered(state, drafter)) for state in versions}
+    assert seen and set(seen) <= allowed  # every drafter forward saw exactly one whole version
+    assert len(set(seen)) > 1 and slot.swaps > 1
+    reference = generate(target, None, ids, mask, max_new_tokens=30, do_sample=False).sequences
+    assert torch.equal(out.sequences, reference)  # lossless across swaps
+
+
+def _ordered(state: dict, drafter) -> list[torch.Tensor]:
+    names = [n for n, _ in drafter.named_parameters() if "lora_" in n]
+    lookup = {k.removeprefix("base_model.model.").replace(".weight", ""): v for k, v in state.items()}
+    return [lookup[n.replace(".default.weight", "")] for n in names]
+
+
+def test_offer_rejects_nan_and_mismatched_adapters(pair):
+    _, drafter = pair
+    attach_lora(drafter, LoraSettings(rank=4))
+    slot = AdapterSlot(drafter)
+    state = adapter_state(drafter)
+    bad = {k: v.clone() for k, v in state.items()}
+    next(iter(bad.values())).fill_(float("nan"))
+    with pytest.raises(AdapterError, match="NaN"):
+        slot.offer(1, bad)
+    with pytest.raises(AdapterError, match="keys"):
+        slot.offer(1, dict(list(state.items())[1:]))
+    assert not slot.apply_pending() and slot.version == 0
+    with pytest.raises(ValueError, match="attach_lora"):
+        AdapterSlot(AdaFlashDrafter(drafter.config))
+
+
+def test_publish_follow_skips_a_corrupt_version_and_merge_matches(pair, tmp_path):
+    target, base = pair
+    serving = attach_lora(copy.deepcopy(base), LoraSettings(rank=4))
+    slot = AdapterSlot(serving)
+    _randomise_lora(serving, 1)
+    good = adapter_state(serving)
+    _randomise_lora(serving, 2)
+    newer = adapter_state(serving)
+    publish_adapter(tmp_path, 1, good, LoraSettings(rank=4), "base")
+    publish_adapter(tmp_path, 2, newer, LoraSettings(rank=4), "base")
+    (tmp_path / "v0002" / "adapter_model.safetensors").write_bytes(b"garbage")  # a corrupt publication
+    assert (tmp_path / "LATEST").read_text().strip() == "2"
+    follower = AdapterFollower(tmp_path, slot)
+    assert follower.poll() and slot.apply_pending()
+    assert slot.version == 1 and follower.errors and "corrupt" in follower.errors[0]
+    with pytest.raises(AdapterError, match="corrupt"):
+        load_adapter_state(tmp_path / "v0002")
+    # merging v1 into the base drafter gives the serving drafter's outputs
+    merged = merge_adapter(base, tmp_path / "v0001")
+    x, ctx = torch.randn(1, 5, 64), torch.randn(1, 6, base.fc.in_features)
+    pos = torch.arange(11)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(merged(noise_embeds=x, context_hidden_states=ctx, position_ids=pos).last_hidden_state,
+                                   serving(noise_embeds=x, context_hidden_states=ctx, position_ids=pos).last_hidden_state,
+                                   atol=2e-4, rtol=1e-3)
+    assert isinstance(merged, AdaFlashDrafter)
+
+
+# ------------------------------------------------------------------------------------------------
+# the pipeline and its faults
+def _opd(target, drafter, **overrides) -> AdaFlashOPD:
+    config = dict(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2, duty_cycle=1.0, lr=1e-2)
+    config.update(overrides)
+    return AdaFlashOPD(target, drafter, OPDConfig(**config))
+
+
+def _serve(target, drafter, opd, rounds: int, reference=None):
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    for _ in range(rounds):
+        out = generate(target, drafter, ids, mask, max_new_tokens=24, do_sample=False, observer=opd.observer)
+        if reference is not None:
+            assert torch.equal(out.sequences, reference)
+
+
+def _wait(condition, timeout=60.0):
+    end = time.time() + timeout
+    while time.time() < end and not condition():
+        time.sleep(0.05)
+    return condition()
+
+
+def test_opd_trains_publishes_swaps_and_stays_lossless(pair, tmp_path):
+    target, drafter = pair
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    reference = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False).sequences
+    opd = _opd(target, drafter, publish_dir=str(tmp_path)).start()
+    try:
+        for _ in range(20):
+            _serve(target, drafter, opd, 1, reference)
+            if opd.slot.version >= 2:
+                break
+            _wait(lambda: opd.buffer.counters()["size"] == 0, timeout=10)
+    finally:
+        opd.stop()
+    status = opd.status()
+    assert status["steps"] > 0 and status["published"] >= 1 and status["adapter_version"] >= 1, status
+    assert (tmp_path / "LATEST").exists() and (tmp_path / f"v{status['published_version']:04d}" / "adapter_config.json").exists()
+    assert status["tau_history"] and status["errors"] == []
+
+
+def test_a_nan_gradient_rolls_back_and_training_goes_on(pair):
+    target, drafter = pair
+    opd = _opd(target, drafter, steps_per_version=1000)
+    good = {k: v.clone() for k, v in opd.good_state.items()}
+    opd.inject_fault("nan")
+    opd.start()
+    try:
+        for _ in range(10):
+            _serve(target, drafter, opd, 1)
+            if opd.status()["nan_steps"] and opd.status()["steps"]:
+                break
+    finally:
+        opd.stop()
+    status = opd.status()
+    assert status["nan_steps"] == 1 and status["steps"] >= 1, status
+    assert any("non-finite" in e for e in status["errors"])
+    assert all(torch.isfinite(p).all() for p in opd.train_model.parameters())
+    assert all(torch.equal(good[k], v) for k, v in opd.good_state.items())  # nothing bad was published
+
+
+def test_a_killed_worker_is_reported_and_restarted_while_serving_goes_on(pair):
+    target, drafter = pair
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    reference = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False).sequences
+    opd = _opd(target, drafter, max_restarts=1).start()
+    opd.inject_fault("kill")
+    assert _wait(lambda: not opd.status()["worker_alive"], timeout=10)
+    assert opd.status()["state"] == "dead" and "worker killed" in opd.status()["errors"]
+    _serve(target, drafter, opd, 2, reference)  # serving is unaffected
+    assert opd.check_health() and opd.status()["restarts"] == 1
+    assert _wait(lambda: opd.status()["worker_alive"], timeout=5)
+    opd.inject_fault("kill")
+    assert _wait(lambda: not opd.status()["worker_alive"], timeout=10)
+    assert not opd.check_health() and opd.status()["state"] == "failed"  # out of restarts: reported, not hidden
+    _serve(target, drafter, opd, 1, reference)
+    opd.stop()
+
+
+def test_a_full_buffer_drops_the_oldest_and_serving_is_unaffected(pair):
+    target, drafter = pair
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    reference = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False).sequences
+    opd = _opd(target, drafter, buffer_trajectories=3)  # not started: nothing drains the buffer
+    _serve(target, drafter, opd, 3, reference)
+    counters = opd.status()["buffer"]
+    assert counters["size"] == 3 and counters["dropped"] == 9 and counters["added"] == 12
+
+
+def test_opd_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="duty_cycle"):
+        OPDConfig(duty_cycle=0)
+    with pytest.raises(ValueError, match="alpha"):
+        OPDConfig(alpha=2)
+    with pytest.raises(ValueError, match="batch_trajectories"):
+        OPDConfig(batch_trajectories=0)
+    with pytest.raises(ValueError, match="fault"):
+        AdaFlashOPD.inject_fault(None, "meteor")
+
+
+def test_the_soak_survives_every_fault(pair):
+    """A small soak through the serving scheduler: no request lost or changed, every fault recovered."""
+    from adaflash_hf.online.soak import soak
+
+    target, drafter = pair
+    prompts = random_prompts([5, 7, 9, 6, 8, 4], seed=3)
+    references = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+        references.append(out[: out.index(3) + 1] if 3 in out else out)
+
+    class Tokenizer:
+        pad_token_id = 0
+
+    report = soak(target, drafter, Tokenizer(), prompts, references, requests=80, concurrency=4, max_new_tokens=16,
+                  faults=["kill", "nan", "corrupt", "full"],
+                  opd_config=OPDConfig(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2,
+                                       duty_cycle=1.0, lr=1e-2, buffer_trajectories=8))
+    assert not report["lost"] and not report["duplicated"] and not report["mismatched"], report
+    assert {e["fault"] for e in report["faults"]} == {"kill", "nan", "corrupt", "full"}
+    assert all(e["recovered"] for e in report["faults"]), report["faults"]
+    assert report["passed"]
