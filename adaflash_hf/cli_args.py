@@ -19,9 +19,13 @@ DTYPE_HELP = ("auto (bf16 on CUDA or where this CPU's bf16 matmuls measure faste
               "fp16 (GPUs without bf16) or fp32 (bit-exact comparisons)")
 
 
-def dtype_field(subject: str = "the target") -> typing.Any:
-    """A dtype dataclass field: the same choices, default (``auto``) and help text in every command."""
-    return field(default="auto", metadata={"help": f"dtype of {subject}: {DTYPE_HELP}.", "choices": DTYPES})
+def dtype_field(subject: str = "the target", default: str = "auto") -> typing.Any:
+    """A dtype dataclass field: the same choices, default (``auto``) and help text in every command.
+
+    Only a command whose result depends on bit-exact outputs (the soak compares every output with
+    the target's own) passes another ``default``.
+    """
+    return field(default=default, metadata={"help": f"dtype of {subject}: {DTYPE_HELP}.", "choices": DTYPES})
 
 
 def check_choice(name: str, value, choices: typing.Sequence) -> None:

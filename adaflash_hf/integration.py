@@ -24,7 +24,7 @@ from ._compat import check_transformers_version
 from .checks import check_pair, check_token_ids, is_adaflash_drafter
 from .decoding.engine import context_features, draft_block
 from .decoding.outputs import RoundStats, SpeculativeStats
-from .decoding.policy import GoodputVerifyLength, VerifyLengthPolicy
+from .decoding.policy import GoodputVerifyLength, VerifyLengthPolicy, wants_drafts
 from .decoding.proposers import (
     NONE,
     DraftHead,
@@ -134,7 +134,10 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             drafted["seconds"] = time.perf_counter() - tick
             return tokens, top_probs
 
-        proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)
+        if wants_drafts(self.policy, 1):
+            proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)
+        else:  # the policy holds plain steps: no look-ups, no drafter
+            proposal = self.proposer.no_proposal([0])
         draft_hidden = drafted.get("hidden")
         verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)[0]) if proposal.tokens.shape[1] else 1
         num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
@@ -169,7 +172,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         verify_time = time.perf_counter() - verify_start
         num_matches = min(int(num_matches), num_drafts)
         self.stats.add_round(RoundStats([0], [num_matches], [num_drafts + 1], draft_time, verify_time, [source]))
-        self.policy.update(torch.tensor([num_matches]), torch.tensor([num_drafts + 1]), verify_time)
+        self.policy.update(torch.tensor([num_matches]), torch.tensor([num_drafts + 1]), draft_time + verify_time)
         self.state.observe_round(num_drafts + 1, verify_time, drafter_seconds)
         self._pending = None
 

@@ -51,7 +51,7 @@ Z95 = NormalDist().inv_cdf(0.975)
 class QualityArgs:
     target: str = field(default=DEFAULT_TARGET, metadata={"help": "Preset, folder or Hub id."})
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), 'fresh', a folder or a Hub id."})
-    problems: int = field(default=40, metadata={"help": "Held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."})
+    problems: int = field(default=40, metadata={"help": "Problems per task: held-out eval prompts first (40 GSM8K, 30 HumanEval), then the rest of the benchmark (see load_problems)."})
     max_new_tokens: int = field(default=512, metadata={"help": "New tokens per answer; a cut-off answer is scored as it stands."})
     batch_size: int = field(default=8, metadata={"help": "Problems decoded together (both methods see the same batches)."})
     timeout_s: float = field(default=10.0, metadata={"help": "Wall-clock limit of one HumanEval program, in seconds."})
@@ -84,19 +84,47 @@ class Problem:
     prompt: str  # the user message, in DFlash's benchmark format
     answer: str = ""  # gsm8k: the reference number, normalised (see normalise_number)
     code: CodeProblem | None = None  # humaneval: signature, tests and entry point
+    split: str = "eval"  # the document's split: "train" only where the eval split ran out (see load_problems)
 
 
 def load_problems(task: str, limit: int) -> list[Problem]:
-    """The first ``limit`` problems of ``task`` in the held-out eval split (never trained on), in its fixed order."""
-    from .data import corpora, load_prompts
+    """The first ``limit`` problems of ``task``: its held-out eval prompts first, in their fixed order.
+
+    When the eval split holds fewer (HumanEval's holds 30), the rest of the benchmark tops the list
+    up in benchmark order, eval-split documents first, then train-split ones; each problem's
+    ``split`` says which. A train-split problem's prompt was answered by the target for the drafter's
+    training data, which may raise acceptance on it but cannot change whether an answer is right:
+    the check compares the target with and without AdaFlash on the same problems.
+    """
+    from .data import corpora, document_split, gsm8k_prompt, humaneval_prompt, load_prompts
 
     check_choice("task", task, TASKS)
     rows = load_prompts(DOMAIN_OF[task], split="eval", limit_per_domain=limit).to_list()
     if task == "gsm8k":
-        answers = {p.doc_id: p.answer for p in corpora.read_gsm8k()}
-        return [Problem(r["id"], task, r["prompt"], answer=reference_answer(answers[r["doc_id"]])) for r in rows]
-    code = {p.doc_id: p for p in corpora.read_humaneval()}
-    return [Problem(r["id"], task, r["prompt"], code=code[r["doc_id"]]) for r in rows]
+        by_id = {p.doc_id: p for p in corpora.read_gsm8k()}
+        ids = [r["doc_id"] for r in rows]
+        prompts = {r["doc_id"]: r["prompt"] for r in rows}
+        make_prompt = lambda doc_id: gsm8k_prompt(by_id[doc_id].question)  # noqa: E731
+    else:
+        by_id = {p.doc_id: p for p in corpora.read_humaneval()}
+        ids = [r["doc_id"] for r in rows]
+        prompts = {r["doc_id"]: r["prompt"] for r in rows}
+        make_prompt = lambda doc_id: humaneval_prompt(by_id[doc_id].prompt)  # noqa: E731
+    if len(ids) < limit:
+        rest = [doc_id for doc_id in by_id if doc_id not in prompts]
+        rest.sort(key=lambda doc_id: document_split(task, doc_id) != "eval")  # stable: benchmark order within a split
+        for doc_id in rest[: limit - len(ids)]:
+            ids.append(doc_id)
+            prompts[doc_id] = make_prompt(doc_id)
+    problems = []
+    for doc_id in ids:
+        split = document_split(task, doc_id)
+        if task == "gsm8k":
+            problems.append(Problem(f"gsm8k/{doc_id}", task, prompts[doc_id],
+                                    answer=reference_answer(by_id[doc_id].answer), split=split))
+        else:
+            problems.append(Problem(f"humaneval/{doc_id}", task, prompts[doc_id], code=by_id[doc_id], split=split))
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +480,7 @@ def evaluate(target, tokenizer, drafter, problems: list[Problem], args: QualityA
             texts = {m: tokenizer.decode(outputs[m][row], skip_special_tokens=True) for m in METHODS}
             scores = {m: score(problem, texts[m], args.timeout_s) for m in METHODS}
             records.append(dict(
-                id=problem.id, task=problem.task, correct={m: scores[m].correct for m in METHODS},
+                id=problem.id, task=problem.task, split=problem.split, correct={m: scores[m].correct for m in METHODS},
                 identical=outputs["target"][row] == outputs["adaflash"][row],
                 new_tokens={m: len(outputs[m][row]) for m in METHODS}, details={m: scores[m].detail for m in METHODS},
                 reference=problem.answer or None, outputs=texts,

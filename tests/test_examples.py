@@ -30,13 +30,14 @@ PROMPT, NEW_TOKENS = "Hello, wörld!", 48
 @pytest.fixture(autouse=True)
 def verify_whole_proposals(monkeypatch):
     """The default verify-length policy weighs measured timings, which vary on a busy machine and may take
-    plain steps throughout, leaving no draft to check: here every proposal is verified whole."""
+    plain steps throughout, leaving no draft to check: here every round proposes and every proposal is verified whole."""
     from adaflash_hf import GoodputVerifyLength
 
     def whole(self, rates, draft_hidden_states, sources=None):  # rates: (rows, longest proposal)
         return torch.full((rates.shape[0],), rates.shape[1] + 1, dtype=torch.long)
 
     monkeypatch.setattr(GoodputVerifyLength, "verify_lens", whole)
+    monkeypatch.setattr(GoodputVerifyLength, "wants_drafts", lambda self, rows: True)  # nor does its guard hold plain steps
 
 
 def load_example(name: str):
@@ -149,6 +150,26 @@ def test_train_drafter_for_another_target(models, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "block 4, reads target layers [0, 1, 2, 3]" in out
     assert f"\n{greedy_text(models['target'], PROMPT, NEW_TOKENS)}\n\ntau " in out  # lossless with the new drafter
+
+
+def test_online_distillation(models, tmp_path, capsys):
+    from adaflash_hf import load_drafter
+
+    publish, merged = tmp_path / "adapters", tmp_path / "merged"
+    run_example("online_distillation", [*model_args(models), "--requests", "6", "--max-new-tokens", "24", "--report-every", "3",
+                                        "--min-trajectories", "2", "--steps-per-version", "1", "--lr", "1e-2",
+                                        "--publish-dir", str(publish), "--merged-dir", str(merged), "--check"])
+    out = capsys.readouterr().out
+    reports = [line for line in out.splitlines() if line.startswith("request ")]
+    assert [line.split(":")[0] for line in reports] == ["request    3", "request    6"]
+    assert "recorded 6" in reports[-1]  # every generate call was recorded, at no extra target pass
+    assert "answers equal to the target's own: 6/6" in out  # lossless while adapters train and swap
+    assert "errors: none" in out
+    if "merged adapter v" in out:  # a version was published in time (the trainer runs beside the requests)
+        version = int(out.split("merged adapter v")[1].split()[0])
+        assert (publish / "LATEST").read_text().strip() == str(version)
+        target, _ = load_target(models["target"], dtype="fp32")
+        assert load_drafter(str(merged), target).config.block_size == 4  # the merged folder loads like any drafter
 
 
 def test_every_example_is_a_documented_main_with_a_test_here():

@@ -371,6 +371,28 @@ def test_a_full_buffer_drops_the_oldest_and_serving_is_unaffected(pair):
     assert counters["size"] == 3 and counters["dropped"] == 9 and counters["added"] == 12
 
 
+def test_an_idle_trainer_revisits_recent_trajectories_only_when_replay_is_on(pair):
+    target, drafter = pair
+    for replay in (64, 0):
+        opd = _opd(target, drafter, replay_trajectories=replay, steps_per_version=1000)
+        _serve(target, drafter, opd, 1)  # 4 trajectories (2 trained on, 2 held out for the check), then no traffic
+        opd.start()
+        try:
+            if replay:
+                assert _wait(lambda: opd.status()["replayed_batches"] >= 3, timeout=60)
+            else:
+                assert _wait(lambda: opd.status()["trained_trajectories"] == 2 and opd.status()["state"] == "waiting for data")
+                time.sleep(1.0)
+        finally:
+            opd.stop()
+        status = opd.status()
+        assert status["trained_trajectories"] == 2 and status["buffer"]["taken"] == 4
+        if replay:
+            assert status["steps"] >= 2 + 3 and len(opd.replay) == 2
+        else:
+            assert status["replayed_batches"] == 0 and status["steps"] == 2 and not opd.replay
+
+
 def test_opd_config_rejects_bad_values():
     with pytest.raises(ValueError, match="duty_cycle"):
         OPDConfig(duty_cycle=0)
@@ -378,8 +400,29 @@ def test_opd_config_rejects_bad_values():
         OPDConfig(alpha=2)
     with pytest.raises(ValueError, match="batch_trajectories"):
         OPDConfig(batch_trajectories=0)
+    with pytest.raises(ValueError, match="replay_trajectories must be >= 0"):
+        OPDConfig(replay_trajectories=-1)
     with pytest.raises(ValueError, match="fault"):
         AdaFlashOPD.inject_fault(None, "meteor")
+
+
+def test_opd_inputs_it_cannot_use_are_named(pair, tmp_path):
+    from adaflash_hf.online.bench_opd import BenchOPDArgs
+
+    target, drafter = pair
+    with pytest.raises(TypeError, match="AdaFlashOPD trains an AdaFlashDrafter, got LlamaForCausalLM"):
+        AdaFlashOPD(target, target, OPDConfig())
+    serving = attach_lora(copy.deepcopy(drafter), LoraSettings(rank=4))
+    with pytest.raises(ValueError, match="merge_adapter needs the base drafter"):
+        merge_adapter(serving, tmp_path)
+    with pytest.raises(AdapterError, match="no adapter_config.json in .*: not a published adapter folder"):
+        merge_adapter(drafter, tmp_path)
+    with pytest.raises(ValueError, match="LoRA rank must be >= 1"):
+        LoraSettings(rank=0)
+    with pytest.raises(ValueError, match="--shift-domain code is also in --trained-domains"):
+        BenchOPDArgs(shift_domain="code", trained_domains="code,math")
+    with pytest.raises(ValueError, match="unknown domain"):
+        BenchOPDArgs(shift_domain="poetry")
 
 
 def test_the_soak_survives_every_fault(pair):

@@ -89,6 +89,76 @@ def test_verify_cost_model_averages_and_extrapolates_from_measurements():
     assert cost.cost(2) == pytest.approx(1.5 / 1.2)
 
 
+def test_batched_cost_interpolates_along_rows_at_a_measured_width():
+    cost = VerifyCostModel()
+    cost.update(1, 0.010)
+    cost.update(4, 0.012)
+    for rows, seconds in ((4, 0.020), (16, 0.080)):
+        cost.update(rows * 1, seconds, rows=rows)  # plain steps of 4 and 16 rows
+        cost.update(rows * 3, seconds * 2.5, rows=rows)  # verifying 2 drafts per row costs 2.5 plain steps here
+    assert cost.cost_batch(16, 3) == pytest.approx(0.200)  # measured
+    assert cost.cost_batch(8, 3) == pytest.approx(0.050 + (0.200 - 0.050) * 4 / 12)  # along rows at width 3
+    assert cost.cost_batch(8, 3) / cost.cost_batch(8, 1) == pytest.approx(2.5)  # not the one-row ratio (0.012 / 0.010)
+    # below the measured rows: the plain step of 2 rows (0.010, along rows) scaled as one row's cost grows from 2 to 6 tokens
+    assert cost.cost_batch(2, 3) == pytest.approx(0.010 * cost.cost(6) / cost.cost(2))
+
+
+def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explores():
+    cost = VerifyCostModel()
+    cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, refresh_plain_every=8)
+    plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
+    assert policy.wants_drafts(16)  # no evidence yet: speculate
+    policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
+    policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)  # 1 token per row in one step
+    assert policy.realised[(5, True)] == pytest.approx(2 / 3) and policy.realised[(5, False)] == pytest.approx(1.0)
+    held = []
+    for _ in range(8):  # as the engine runs: a held round is a plain step, an explored one speculates (and loses again)
+        held.append(policy.wants_drafts(16))
+        if held[-1]:
+            policy.update(torch.full((16,), 1), spec, 0.300)
+        else:
+            policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
+    assert held == [False, False, True, False, False, False, True, False]  # one speculative round in explore_every
+    assert policy.wants_drafts(4)  # another batch-size bucket has its own evidence (none yet)
+    for _ in range(3):  # speculation now pays in this bucket: the guard lets it through
+        policy.update(torch.full((16,), 4), spec, 0.150)
+    assert policy.realised[(5, True)] > policy.realised[(5, False)] and policy.wants_drafts(16)
+
+
+def test_the_guard_times_a_plain_step_now_and_then_when_it_only_saw_speculative_rounds():
+    policy = GoodputVerifyLength(refresh_plain_every=3)
+    spec = torch.full((1,), 3, dtype=torch.long)
+    answers = []
+    for _ in range(2):
+        answers.append(policy.wants_drafts(1))
+        policy.update(torch.ones(1, dtype=torch.long), spec, 0.01)
+    assert answers == [True, True] and not policy.wants_drafts(1)  # the third round is a timed plain step
+    policy.update(torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long), 0.01)
+    assert policy.wants_drafts(1)  # plain realised 1 token per step, speculation 2: speculate again
+
+
+def test_a_held_round_proposes_nothing_and_runs_no_drafter(target, drafter):
+    class HoldPlain(FixedVerifyLength):
+        def wants_drafts(self, rows):
+            return False
+
+    prompts = random_prompts((6, 9), seed=3)
+    ids, mask = left_pad(prompts)
+    calls = []
+    original = drafter.forward
+    drafter.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting_state=DraftingState(),
+                       verify_policy=HoldPlain())
+    finally:
+        del drafter.forward
+    assert not calls and out.mean_accepted_length == 1.0
+    assert {s for r in out.stats.rounds for s in r.sources} == {"none"}
+    want = [greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
+    assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+
+
 @pytest.mark.parametrize("source", ["hybrid", "drafter", "suffix", "global", "datastore"])
 def test_every_draft_source_is_lossless_in_fp32_greedy(target, drafter, source, tmp_path):
     """Ragged batch, loops in the tiny target's output (so suffix matches are found and accepted)."""

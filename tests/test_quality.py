@@ -244,14 +244,27 @@ def synthetic_benchmarks(monkeypatch):
 
 @pytest.mark.usefixtures("synthetic_benchmarks")
 def test_load_problems_takes_held_out_problems_only():
-    gsm8k = load_problems("gsm8k", 40)
-    assert gsm8k and all(document_split("gsm8k", p.id.removeprefix("gsm8k/")) == "eval" for p in gsm8k)
+    gsm8k = load_problems("gsm8k", 3)
+    assert len(gsm8k) == 3 and all(document_split("gsm8k", p.id.removeprefix("gsm8k/")) == "eval" == p.split for p in gsm8k)
     assert gsm8k[0].answer == str(int(gsm8k[0].id.removeprefix("gsm8k/")) * 1000)  # "#### 2,000" -> "2000"
     assert gsm8k[0].prompt.endswith("Please reason step by step, and put your final answer within \\boxed{}.")
     humaneval = load_problems("humaneval", 2)
     assert len(humaneval) == 2 and all(document_split("humaneval", p.code.doc_id) == "eval" for p in humaneval)
     assert humaneval[0].prompt.startswith("Write a solution to the following problem and make sure that it passes the tests:\n```python\n")
     assert humaneval[0].id == f"humaneval/{humaneval[0].code.doc_id}"
+
+
+@pytest.mark.usefixtures("synthetic_benchmarks")
+def test_load_problems_tops_up_from_the_rest_of_the_benchmark_when_the_eval_split_runs_out():
+    held_out = load_problems("humaneval", 1000)  # capped by the benchmark's size, not by the eval split
+    assert len(held_out) == len(corpora.read_humaneval()) == 40
+    assert len({p.id for p in held_out}) == 40
+    splits = [p.split for p in held_out]
+    assert splits == [document_split("humaneval", p.code.doc_id) for p in held_out]
+    assert "train" in splits and splits == sorted(splits)  # every eval problem before any train one
+    assert [p.id for p in load_problems("humaneval", 3)] == [p.id for p in held_out[:3]]  # a prefix, as before
+    topped_up = held_out[splits.index("train")]
+    assert topped_up.prompt.startswith("Write a solution to the following problem") and topped_up.code.prompt in topped_up.prompt
 
 
 def test_quality_args_validation():
@@ -287,7 +300,7 @@ def test_bench_quality_end_to_end_writes_every_field(tmp_path, capsys):
     problems = load_problems("gsm8k", 2) + load_problems("humaneval", 2)
     assert [r["id"] for r in records] == [p.id for p in problems]
     for record, problem in zip(records, problems):
-        assert set(record) == {"id", "task", "correct", "identical", "new_tokens", "details", "reference", "outputs"}
+        assert set(record) == {"id", "task", "split", "correct", "identical", "new_tokens", "details", "reference", "outputs"}
         assert record["task"] == problem.task and set(record["correct"]) == set(METHODS)
         assert record["identical"]  # fp32 greedy: speculative output is the target's output
         assert record["outputs"]["target"] == record["outputs"]["adaflash"]
@@ -320,7 +333,7 @@ def test_real_held_out_problems_score_their_references():
     for problem in gsm8k:  # the reference solution's own last number is its answer
         assert score(problem, solutions[problem.id.removeprefix("gsm8k/")]).correct
     humaneval = load_problems("humaneval", 40)
-    assert len(humaneval) == 30  # the whole HumanEval eval split
+    assert len(humaneval) == 40 and sum(p.split == "eval" for p in humaneval) == 30  # the whole eval split, then 10 more
     for problem in humaneval:
         fenced = f"```python\n{problem.code.prompt}{problem.code.canonical_solution}```"
         assert score(problem, fenced).correct, problem.id

@@ -59,12 +59,21 @@ class VerifyCostModel:
                 self._ema(self.row_seconds, rows, seconds)
 
     def cost_batch(self, rows: int, width: int) -> float:
-        """Estimated seconds of a forward of ``rows`` rows with ``width`` new tokens each."""
+        """Estimated seconds of a forward of ``rows`` rows with ``width`` new tokens each.
+
+        A measured shape answers directly. Otherwise, where forwards of this width were measured at
+        two or more row counts (the start-up profile measures several), the answer is interpolated
+        along rows at this width; failing that, the plain step of that many rows is scaled by how
+        the token count grows the one-row cost.
+        """
         if rows <= 1:
             return self.cost(width)
         measured = self.batch_seconds.get((rows, width))
         if measured is not None:
             return measured
+        same_width = {r: t for (r, w), t in self.batch_seconds.items() if w == width}
+        if len(same_width) >= 2 and min(same_width) <= rows:
+            return _interpolate(same_width, rows)
         base = _interpolate(self.row_seconds, rows) if self.row_seconds else self.cost(rows)
         return base * self.cost(rows * width) / self.cost(rows)
 
@@ -97,8 +106,14 @@ class VerifyCostModel:
         return self.seconds[n] / (1 + self.prior_slope * (n - num_tokens))
 
     @torch.inference_mode()
-    def calibrate_rows(self, target, row_counts=(2, 4, 8, 16, 32), context: int = 128) -> dict[int, float]:
-        """Time plain decode steps of each number of rows, each after ``context`` cached tokens."""
+    def calibrate_rows(self, target, row_counts=(2, 4, 8, 16, 32), context: int = 128,
+                       widths: tuple[int, ...] = (1,)) -> dict[tuple[int, int], float]:
+        """Time forwards of each number of rows with each width (new tokens per row: 1 is a plain
+        decode step, g + 1 a verification of g drafts), each after ``context`` cached tokens.
+
+        Returns {(rows, width): seconds}; every shape goes into ``batch_seconds`` and width 1 into
+        ``row_seconds``.
+        """
         from transformers import DynamicCache
 
         from .._compat import CACHE_KWARG
@@ -111,14 +126,17 @@ class VerifyCostModel:
             cache = DynamicCache()
             target(input_ids=torch.randint(0, vocab, (rows, context), generator=generator).to(device), use_cache=True,
                    **{CACHE_KWARG: cache})
-            step = torch.randint(0, vocab, (rows, 1), generator=generator).to(device)
-            best = float("inf")
-            for _ in range(3):
-                start = timer(device)
-                target(input_ids=step, use_cache=True, **{CACHE_KWARG: cache})
-                best = min(best, timer(device) - start)
-                cache.crop(-1)
-            measured[rows] = self.row_seconds[rows] = best
+            for width in widths:
+                step = torch.randint(0, vocab, (rows, width), generator=generator).to(device)
+                best = float("inf")
+                for _ in range(3 if rows * width <= 64 else 2):
+                    start = timer(device)
+                    target(input_ids=step, use_cache=True, **{CACHE_KWARG: cache})
+                    best = min(best, timer(device) - start)
+                    cache.crop(-width)
+                measured[(rows, width)] = self.batch_seconds[(rows, width)] = best
+                if width == 1:
+                    self.row_seconds[rows] = best
         return measured
 
     @torch.inference_mode()

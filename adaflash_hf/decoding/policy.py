@@ -31,8 +31,19 @@ class VerifyLengthPolicy(Protocol):
         draft_hidden_states (b, B, H) or None when no drafter ran; sources per row ("drafter", "suffix",
         "global", "datastore" or "none"), None when unknown -> verify_len (b,) long in [1, m + 1]."""
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
-        """Feedback after verification: accepted drafts (b,), verify lengths (b,), seconds spent."""
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
+        """Feedback after a round: accepted drafts (b,), verify lengths (b,), and the seconds the whole
+        round took (proposal, verification and bookkeeping)."""
+
+
+def wants_drafts(policy: VerifyLengthPolicy, rows: int) -> bool:
+    """Whether a round of ``rows`` rows should propose drafts at all (asked before any proposal is made).
+
+    A policy may answer False to make the round a plain step without paying for proposals or the
+    drafter; a policy without a ``wants_drafts`` method always proposes.
+    """
+    ask = getattr(policy, "wants_drafts", None)
+    return True if ask is None else bool(ask(rows))
 
 
 def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_verify_len: int | None = None) -> int:
@@ -61,13 +72,16 @@ class FixedVerifyLength:
         if self.verify_len is not None and self.verify_len < 1:
             raise ValueError(f"verify_len={self.verify_len}: must be >= 1 (the anchor plus any drafts).")
 
+    def wants_drafts(self, rows: int) -> bool:
+        return self.verify_len != 1  # verifying only the anchor: plain steps, so nothing to propose
+
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
         length = rates.shape[1] + 1 if self.verify_len is None else min(self.verify_len, rates.shape[1] + 1)
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
         pass
 
 
@@ -80,45 +94,59 @@ class GoodputVerifyLength:
     (a plain step) wins when no draft is likely enough to pay for a longer forward. The forward is
     rectangular, so one g serves the whole batch.
 
-    A guard checks the model against what rounds actually deliver: for each batch size it keeps a
-    moving average of the tokens per second realised by plain steps and by speculative rounds (batch
-    sizes bucketed by powers of two), and
-    while speculative rounds deliver less than plain steps (``margin`` included) it takes plain steps,
-    trying a speculative round every ``explore_every`` rounds to notice when that changes. So on a
-    machine where verification costs as much per token as decoding (a saturated CPU at high load) it
-    falls back to plain decoding instead of trusting an estimate that is off.
+    A guard checks the model against what rounds actually deliver, before anything is proposed
+    (:meth:`wants_drafts`): for each batch size it keeps a moving average of the tokens per second
+    that whole rounds realised (proposal, drafter, verification and bookkeeping), for plain steps and
+    for speculative rounds apart (batch sizes bucketed by powers of two). While speculative rounds
+    deliver less than plain steps (``margin`` included) the round is a plain step that proposes
+    nothing, so neither the drafter nor the look-ups are paid for; every ``explore_every`` rounds of a
+    bucket it speculates anyway, to notice when that changes, and every ``refresh_plain_every``
+    rounds it times a plain step, so a bucket where plain steps were never measured gets measured.
+    Rates are per row and in units of the measured plain step of that many rows, so rounds of 9 and
+    of 15 rows compare in one bucket. So on a machine where verification costs as much per token as
+    decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
+    estimate that is off.
     """
 
     max_verify_len: int | None = None
     cost_model: VerifyCostModel | None = None
     margin: float = 1.02
     explore_every: int = 16
-    realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> EMA tokens per second
-    _rounds: int = field(default=0, repr=False)
+    refresh_plain_every: int = 64
+    realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> EMA of the rate below
+    _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
+
+    def wants_drafts(self, rows: int) -> bool:
+        """Whether this round proposes: False while speculative rounds of this batch size realise fewer
+        tokens per second than plain steps (a speculative round every ``explore_every`` rounds keeps
+        that evidence fresh), and once every ``refresh_plain_every`` rounds to time a plain step."""
+        bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
+        plain, spec = self.realised.get((bucket, False)), self.realised.get((bucket, True))
+        if plain is not None and spec is not None and spec * self.margin < plain:
+            return self._since.get((bucket, True), 0) + 1 >= self.explore_every
+        return spec is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every
 
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
         length = goodput_verify_len(rates, self.cost_model or VerifyCostModel(), self.max_verify_len)
-        self._rounds += 1
-        if length > 1 and not self._speculation_pays(rates.shape[0]):
-            length = 1
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
-    def _speculation_pays(self, rows: int) -> bool:
-        plain, spec = self.realised.get((rows.bit_length(), False)), self.realised.get((rows.bit_length(), True))
-        if plain is None or spec is None or self._rounds % self.explore_every == 0:
-            return True
-        return spec * self.margin >= plain
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
+        """Record what the round realised: tokens per row per (measured) plain step of that many rows.
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
-        """Record the realised tokens per second of this round (the engine feeds the cost model itself)."""
-        if verify_time <= 0 or not len(verify_lens):
+        The engine feeds the cost model itself."""
+        if seconds <= 0 or not len(verify_lens):
             return
-        key = (len(verify_lens).bit_length(), bool((verify_lens > 1).any()))  # batch sizes 1, 2-3, 4-7, 8-15, ...
-        rate = float((accept_lengths + 1).sum()) / verify_time
-        old = self.realised.get(key)
-        self.realised[key] = rate if old is None else 0.8 * old + 0.2 * rate
+        rows = len(verify_lens)
+        bucket, speculative = rows.bit_length(), bool((verify_lens > 1).any())
+        measured = self.cost_model is not None and (self.cost_model.seconds or self.cost_model.batch_seconds)
+        plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
+        rate = float((accept_lengths + 1).sum()) / rows * plain_step / seconds  # tokens per row per plain step's time
+        old = self.realised.get((bucket, speculative))
+        self.realised[(bucket, speculative)] = rate if old is None else 0.8 * old + 0.2 * rate
+        self._since[(bucket, speculative)] = 0
+        self._since[(bucket, not speculative)] = self._since.get((bucket, not speculative), 0) + 1
 
 
 class LengthHeadVerifyLength(GoodputVerifyLength):

@@ -406,6 +406,13 @@ class HybridProposer:
         lengths = torch.tensor([len(c[1]) for c in chosen], dtype=torch.long)
         return Proposal(tokens, rates, lengths, [c[0] for c in chosen], [c[2] for c in chosen])
 
+    def no_proposal(self, row_ids: list[int]) -> Proposal:
+        """An empty proposal (every row takes a plain step), made without looking anything up."""
+        self._options = {}
+        b = len(row_ids)
+        return Proposal(torch.zeros(b, 0, dtype=torch.long), torch.zeros(b, 0), torch.zeros(b, dtype=torch.long), [NONE] * b,
+                        [[] for _ in row_ids])
+
     def _value(self, option: tuple[str, list[int], list[tuple]]) -> tuple[float, list[float]]:
         source, _, features = option
         rates = [self.state.estimator.rate(source, f) for f in features[: self.max_len]]

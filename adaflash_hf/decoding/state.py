@@ -29,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .._compat import CACHE_KWARG
 from .cost import timer
 from .outputs import RoundStats
-from .policy import GoodputVerifyLength, VerifyLengthPolicy
+from .policy import GoodputVerifyLength, VerifyLengthPolicy, wants_drafts
 from .proposers import (
     NONE,
     DraftHead,
@@ -350,7 +350,7 @@ class SpeculativeBatch:
             return []
         self._compact(force=False)
         device = self.device
-        start = timer(device)
+        round_start = start = timer(device)
         drafted: dict[str, torch.Tensor | float] = {}
 
         def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,7 +361,10 @@ class SpeculativeBatch:
             drafted["seconds"] = timer(device) - tick
             return tokens, top_probs
 
-        proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None)
+        if wants_drafts(self.policy, len(self.ids)):
+            proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None)
+        else:  # the policy holds plain steps for this batch size: no look-ups, no drafter
+            proposal = self.proposer.no_proposal(self.ids)
         draft_hidden, draft_logits = drafted.get("hidden"), drafted.get("logits")
         if draft_hidden is not None:  # the drafter read the pending context into its cache
             self.pending_hidden = self.pending_hidden[:, :0]
@@ -406,7 +409,6 @@ class SpeculativeBatch:
 
         # Learn from the round, then hand out the tokens.
         accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
-        self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, verify_time)
         self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"), rows=len(accepted_list))
         sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
         if self.on_round is not None:
@@ -420,6 +422,7 @@ class SpeculativeBatch:
                 m = len(update.tokens)
                 self.observer.on_round(update.row_id, None if features is None else features[i, :m], out.logits[i, :m],
                                        update.tokens, n, update.source)
+        self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start)  # the whole round's time
         self._drop_finished(updates)
         return updates
 

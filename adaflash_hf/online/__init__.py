@@ -1,21 +1,32 @@
 """On-line learning: trajectories recorded from live decoding, LoRA adapters, and the OPD pipeline.
 
 ``decoding/`` never imports this package: the engine calls an observer (``AdaFlashOPD.observer``).
+Names load on first use (PEP 562), so ``adaflash bench-opd --help`` and ``adaflash soak-opd --help``
+import no torch.
 """
 
-from .adapters import (
-    AdapterFollower,
-    AdapterSlot,
-    LoraSettings,
-    attach_lora,
-    merge_adapter,
-    publish_adapter,
-    push_adapter_to_hub,
-)
-from .opd import AdaFlashOPD, OPDConfig
-from .trajectories import Trajectory, TrajectoryBuffer, TrajectoryRecorder
+import importlib
 
-__all__ = [
-    "AdaFlashOPD", "AdapterFollower", "AdapterSlot", "LoraSettings", "OPDConfig", "Trajectory", "TrajectoryBuffer",
-    "TrajectoryRecorder", "attach_lora", "merge_adapter", "publish_adapter", "push_adapter_to_hub",
-]
+_EXPORTS = {
+    "AdaFlashOPD": ".opd",
+    "AdapterFollower": ".adapters",
+    "AdapterSlot": ".adapters",
+    "LoraSettings": ".adapters",
+    "OPDConfig": ".opd",
+    "Trajectory": ".trajectories",
+    "TrajectoryBuffer": ".trajectories",
+    "TrajectoryRecorder": ".trajectories",
+    "attach_lora": ".adapters",
+    "merge_adapter": ".adapters",
+    "publish_adapter": ".adapters",
+    "push_adapter_to_hub": ".adapters",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'adaflash_hf.online' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

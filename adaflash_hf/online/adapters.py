@@ -236,6 +236,9 @@ def merge_adapter(drafter, adapter_dir: str | Path):
 
     if getattr(drafter, "adaflash_lora", None) is not None:
         raise ValueError("merge_adapter needs the base drafter, not the serving copy with LoRA layers injected.")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        if not (Path(adapter_dir) / name).is_file():
+            raise AdapterError(f"no {name} in {adapter_dir}: not a published adapter folder.")
     model = PeftModel.from_pretrained(copy.deepcopy(drafter), str(adapter_dir))
     merged = model.merge_and_unload()
     if not all(math.isfinite(float(p.abs().max())) for p in merged.parameters()):

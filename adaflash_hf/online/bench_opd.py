@@ -31,7 +31,7 @@ class BenchOPDArgs:
 
     target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
     drafter: str = field(default="auto", metadata={"help": "Drafter to adapt ('auto': the bundled one)."})
-    dtype: str = dtype_field("auto")
+    dtype: str = dtype_field()
     shift_domain: str = field(default="fiction", metadata={"help": "Domain the drafter never trained on; the live stream comes from its train split."})
     trained_domains: str = field(default="code,math,chat", metadata={"help": "Domains the drafter was trained on (τ must not drop there)."})
     requests: int = field(default=200, metadata={"help": "Live requests streamed with OPD on."})
@@ -43,6 +43,7 @@ class BenchOPDArgs:
     duty_cycle: float = field(default=0.25, metadata={"help": "Share of wall time the OPD trainer may compute."})
     lr: float = field(default=3e-4, metadata={"help": "OPD learning rate."})
     lora_rank: int = field(default=16, metadata={"help": "LoRA rank."})
+    replay: int = field(default=64, metadata={"help": "Trained trajectories the idle trainer revisits (0: each is trained on once)."})
     num_threads: int | None = field(default=None, metadata={"help": "torch threads for serving (default: torch's)."})
     output: str = field(default="results/bench_opd.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."})
     seed: int = field(default=0, metadata={"help": "Seed of the live stream order and of OPD."})
@@ -53,6 +54,8 @@ class BenchOPDArgs:
         for name in ("requests", "eval_per_domain", "eval_every", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        if self.replay < 0:
+            raise ValueError(f"--replay must be >= 0, got {self.replay}.")
         if self.off_requests is not None and self.off_requests < 0:
             raise ValueError(f"--off-requests must be >= 0, got {self.off_requests}.")
         domains = [self.shift_domain, *self.trained]
@@ -144,7 +147,8 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     off_n = args.requests if args.off_requests is None else args.off_requests
     off_tokens, off_seconds = serve(live_ids[:off_n], None) if off_n else (0, 0.0)
 
-    opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.duty_cycle, lr=args.lr, lora_rank=args.lora_rank, seed=args.seed),
+    opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.duty_cycle, lr=args.lr, lora_rank=args.lora_rank, seed=args.seed,
+                                                replay_trajectories=args.replay),
                       base_drafter_name=args.drafter)
     opd.start()
     curve = [{"requests": 0, "tau_shift": before["shift"], "tau_trained": before["trained"], "adapter_version": 0}]

@@ -70,6 +70,7 @@ class OPDConfig:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
     top_k: int = field(default=32, metadata={"help": "Teacher entries kept per generated token."})
     buffer_trajectories: int = field(default=256, metadata={"help": "Buffer bound in trajectories (the oldest are dropped)."})
+    replay_trajectories: int = field(default=64, metadata={"help": "Trained trajectories kept (the newest) and revisited when no new one waits, so idle trainer time becomes more passes; 0: each is trained on once."})
     buffer_mb: int = field(default=512, metadata={"help": "Buffer bound in MiB."})
     publish_dir: str | None = field(default=None, metadata={"help": "Also write each published version here (v000N/ + LATEST)."})
     max_restarts: int = field(default=3, metadata={"help": "Times check_health() restarts a dead worker."})
@@ -84,6 +85,8 @@ class OPDConfig:
                      "check_size", "train_threads", "top_k", "buffer_trajectories", "buffer_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.replay_trajectories < 0:
+            raise ValueError(f"replay_trajectories must be >= 0, got {self.replay_trajectories}.")
         if self.lr <= 0 or self.clip <= 0:
             raise ValueError(f"lr and clip must be > 0, got lr={self.lr}, clip={self.clip}.")
 
@@ -141,6 +144,7 @@ class AdaFlashOPD:
             param.requires_grad_("lora_" in name)
         self.good_state = adapter_state(self.train_model)  # the published (serving) adapter
         self.check_set: deque[Trajectory] = deque(maxlen=self.config.check_size)
+        self.replay: deque[Trajectory] = deque(maxlen=self.config.replay_trajectories)
         self.version = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -151,7 +155,7 @@ class AdaFlashOPD:
         self._taken = 0
         self._steps_since_check = 0
         self.counters = {"steps": 0, "nan_steps": 0, "step_errors": 0, "published": 0, "rejected_versions": 0,
-                         "restarts": 0, "swaps": 0, "trained_trajectories": 0}
+                         "restarts": 0, "swaps": 0, "trained_trajectories": 0, "replayed_batches": 0}
         self.train_seconds = 0.0
         self.started_at: float | None = None
         self.state = "idle"
@@ -242,7 +246,12 @@ class AdaFlashOPD:
                     self.state = "waiting for data"
                     self._stop.wait(0.2)
                     continue
-                batch = self._take_batch()
+                replay_ready = len(self.replay) >= self.config.batch_trajectories
+                batch = self._take_batch(timeout=0.0 if replay_ready else 0.5)
+                if not batch and replay_ready:  # nothing new: revisit recent ones
+                    picks = torch.randperm(len(self.replay), generator=self._generator)[: self.config.batch_trajectories]
+                    batch = [self.replay[i] for i in picks.tolist()]
+                    self.counters["replayed_batches"] += 1
                 if not batch:
                     self.state = "waiting for data"
                     continue
@@ -266,15 +275,16 @@ class AdaFlashOPD:
             self.errors.append(f"worker failed: {type(exc).__name__}: {exc}")
             self.state = "dead"
 
-    def _take_batch(self) -> list[Trajectory]:
+    def _take_batch(self, timeout: float) -> list[Trajectory]:
         batch = []
-        for trajectory in self.buffer.take(self.config.batch_trajectories, timeout=0.5):
+        for trajectory in self.buffer.take(self.config.batch_trajectories, timeout=timeout):
             self._taken += 1
             if self._taken % self.config.check_every == 0:
                 self.check_set.append(trajectory)
             else:
                 batch.append(trajectory)
         self.counters["trained_trajectories"] += len(batch)
+        self.replay.extend(batch)
         return batch
 
     def _new_optimizer(self) -> torch.optim.Optimizer:

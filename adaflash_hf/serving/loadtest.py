@@ -28,7 +28,7 @@ class ConcurrencyBenchArgs:
     concurrency: str = field(default="1,4,8,16,32", metadata={"help": "Comma-separated numbers of requests kept in flight."})
     methods: str = field(default="plain,adaflash@16,adaflash@4,adaflash",
                          metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."})
-    requests: int = field(default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 8)."})
+    requests: int = field(default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 16)."})
     max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
     domains: str = field(default="code,math,chat,news", metadata={"help": "Domains of the held-out eval prompts."})
     dtype: str = dtype_field()
@@ -204,11 +204,11 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
         for method in methods:  # warm-up: first calls pay one-off costs; the cost model gets first measurements
             asyncio.run(drive(urls[method], method, mixed[-4:], 2, 16))
         offset = 0
-        for concurrency in levels:
-            count = args.requests or max(8, 2 * concurrency)
+        for level, concurrency in enumerate(levels):
+            count = args.requests or max(16, 2 * concurrency)
             prompts = [mixed[(offset + i) % (len(mixed) - 4)] for i in range(count)]
             offset += count
-            for method in methods:
+            for method in methods[level % len(methods):] + methods[: level % len(methods)]:  # rotated: no method always first
                 before = schedulers[method].status()
                 records, seconds, peak = asyncio.run(drive(urls[method], method, prompts, concurrency, args.max_new_tokens))
                 row = summarise(method, concurrency, records, seconds, peak, before, schedulers[method].status())
@@ -220,6 +220,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             server.__exit__()
         for scheduler in schedulers.values():
             scheduler.stop()
+    results.sort(key=lambda r: (levels.index(r["concurrency"]), methods.index(r["method"])))
     print_table(results)
     payload = {"args": asdict(args), "code": code_provenance(), "num_threads": torch.get_num_threads(),
                "machine": machine_summary(), "results": results}

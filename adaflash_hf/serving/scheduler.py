@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..decoding.outputs import RoundStats
+from ..decoding.policy import wants_drafts
 from ..decoding.proposers import DraftingConfig, DraftingState
 from ..decoding.sampling import SamplingParams
 from ..decoding.state import RowSpec, RowUpdate, SpeculativeBatch
@@ -217,14 +218,16 @@ class Scheduler:
             return
         if self.config.calibrate and not self._calibrated:
             self._calibrated = True
-            width = self.config.max_batch_size * ((self.drafter.config.block_size if self.drafter is not None else 16) + 1)
-            counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(width, 16)]
+            longest = (self.drafter.config.block_size if self.drafter is not None else 16) + 1  # anchor + a whole proposal
+            counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(self.config.max_batch_size * longest, 16)]
             try:
                 start = time.perf_counter()
                 self.drafting_state.cost_model.calibrate(self.target, counts)
                 rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [self.config.max_batch_size]
-                self.drafting_state.cost_model.calibrate_rows(self.target, sorted(set(r for r in rows if r > 1)))
-                logger.info("verify cost profiled for %s tokens in %.1fs", counts, time.perf_counter() - start)
+                widths = tuple(w for w in (1, 2, 3, 5, 9, 17) if w <= longest) if wants_drafts(self.batch.policy, 2) else (1,)
+                self.drafting_state.cost_model.calibrate_rows(self.target, sorted(set(r for r in rows if r > 1)), widths=widths)
+                logger.info("verify cost profiled for %s tokens and %s rows x %s tokens in %.1fs", counts, rows, widths,
+                            time.perf_counter() - start)
             except Exception:  # a failed profile only costs the policy its head start
                 logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
         self._running = True

@@ -4,6 +4,10 @@ __all__ = ["TrainDrafterConfig", "train_drafter"]
 
 
 def __getattr__(name):
+    if name == "TrainDrafterConfig":  # torch-free, like every command's config
+        from .configs import TrainDrafterConfig
+
+        return TrainDrafterConfig
     if name in __all__:
         from . import trainer
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..cli_args import DTYPES, check_choice, dtype_field
 from ..prompting import chat_prompt_ids
+from .configs import GenerateDataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -242,33 +242,6 @@ def generate_responses(
     logger.info("self-distillation: %d sequences, %d response tokens (%d of %d shards cached)",
                 len(sequences), sum(len(s) - s.start for s in sequences), len(meta["shards"]), num_shards)
     return sequences
-
-
-@dataclass
-class GenerateDataConfig:
-    """``adaflash generate-data``: the target's own greedy responses to training prompts, cached for training."""
-
-    data_dir: str = field(metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
-    target_dtype: str = dtype_field()
-    drafter: str = field(default="none", metadata={"help": "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens."})
-    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."})
-    prompts_per_domain: int = field(default=10_000, metadata={"help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value finds the same cache)."})
-    seed: int = field(default=0, metadata={"help": "Shuffle seed of the prompts (train-drafter's --seed)."})
-    max_new_tokens: int = field(default=256, metadata={"help": "Response length (train-drafter's --gen-max-new-tokens)."})
-    batch_size: int = field(default=16, metadata={"help": "Prompts decoded together."})
-    max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
-
-    def __post_init__(self) -> None:
-        for name in ("prompts_per_domain", "max_new_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
-        check_choice("target_dtype", self.target_dtype, DTYPES)
-        if not self.train_domains:
-            raise ValueError("train_domains is empty: give at least one domain.")
 
 
 def generate_data(config: GenerateDataConfig) -> int:

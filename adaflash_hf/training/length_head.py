@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -35,63 +35,17 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..cli_args import DTYPES, check_choice, dtype_field
 from ..configuration_length_head import AdaFlashLengthHeadConfig
 from ..decoding.policy import FixedVerifyLength
 from ..decoding.proposers import DraftHead, DraftingConfig, DraftingState, drafter_feature, top_probs_and_tokens
 from ..model_card import length_head_card
 from ..modeling_length_head import AdaFlashLengthHead
+from .configs import TrainLengthHeadConfig
 
 logger = logging.getLogger(__name__)
 
 HEAD_FOLDER_SUFFIX = "-length-head"  # bundled/<preset>-length-head/ sits beside bundled/<preset>/
 SHARD_PROMPTS = 32  # prompts per cached record shard
-
-
-@dataclass
-class TrainLengthHeadConfig:
-    """``adaflash train-length-head``: record acceptance with the real engine, fit the head, evaluate it held out."""
-
-    output_dir: str = field(default="runs/length-head", metadata={"help": "Folder for the record cache, the trained head (OUTPUT_DIR/length_head) and its summary."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
-    target_dtype: str = dtype_field("the target and drafter while recording")
-    drafter: str = field(default="auto", metadata={"help": "Drafter whose hidden states the head reads: 'auto' (bundled for the preset), a folder or a Hub id."})
-    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training and held-out prompts."})
-    train_prompts_per_domain: int = field(default=100, metadata={"help": "Training-split prompts per domain decoded for training records."})
-    eval_prompts_per_domain: int = field(default=40, metadata={"help": "Eval-split prompts per domain decoded for the held-out evaluation."})
-    max_new_tokens: int = field(default=96, metadata={"help": "Tokens generated per prompt while recording."})
-    batch_size: int = field(default=8, metadata={"help": "Prompts decoded together while recording."})
-    max_record_minutes: float | None = field(default=10.0, metadata={"help": "Stop recording training prompts after the shard that crosses this budget (a rerun resumes); held-out prompts are always recorded."})
-    records_dir: str | None = field(default=None, metadata={"help": "Record cache, shareable between runs (default: OUTPUT_DIR/records)."})
-    head_size: int = field(default=256, metadata={"help": "Width of the head's MLP (AdaFlash: 256)."})
-    epochs: int = field(default=20, metadata={"help": "Passes over the training records (the epoch with the best validation loss is kept)."})
-    lr: float = field(default=2e-4, metadata={"help": "Peak AdamW learning rate, decayed to 0 over the run by a cosine (AdaFlash's recipe: 2e-4)."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
-    train_batch_size: int = field(default=256, metadata={"help": "Records per optimizer step."})
-    validation_fraction: float = field(default=0.1, metadata={"help": "Share of training records held back to pick the epoch."})
-    head_dtype: str = field(default="fp32", metadata={"help": "dtype of the saved head (it is tiny either way).", "choices": ("fp32", "bf16")})
-    seed: int = field(default=0, metadata={"help": "Seed of prompt order, initialisation and batches."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
-
-    def __post_init__(self) -> None:
-        for name in ("train_prompts_per_domain", "eval_prompts_per_domain", "max_new_tokens", "batch_size", "head_size",
-                     "epochs", "train_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.max_new_tokens < 2:
-            raise ValueError(f"max_new_tokens must be >= 2 (a round verifies drafts only while 2 or more tokens are left), got {self.max_new_tokens}.")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
-        if not 0.0 < self.validation_fraction < 1.0:
-            raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction}.")
-        check_choice("target_dtype", self.target_dtype, DTYPES)
-        check_choice("head_dtype", self.head_dtype, ("fp32", "bf16"))
-        if self.max_record_minutes is not None and self.max_record_minutes <= 0:
-            raise ValueError(f"max_record_minutes must be > 0 or None, got {self.max_record_minutes}.")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}.")
-        if not self.train_domains:
-            raise ValueError("train_domains is empty.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +109,7 @@ class RecordingVerifyLength:
         self._seen = (rates, draft_hidden_states)
         return self.policy.verify_lens(rates, draft_hidden_states, sources)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, verify_time: float) -> None:
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
         rates, hidden = self._seen
         if hidden is not None:
             num_drafts = hidden.shape[1] - 1

@@ -20,7 +20,7 @@ import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -28,10 +28,10 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..cli_args import DTYPES, check_choice, dtype_field
 from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import sample_anchors
+from .configs import CONTEXT_LAYERS, TrainDrafterConfig
 from .data import (
     Batch,
     TrainingSequence,
@@ -40,97 +40,10 @@ from .data import (
     pack_corpus,
     target_features,
 )
-from .losses import default_gamma, position_weights
+from .losses import position_weights
 from .step import acceptance_counts, drafter_block_forward
 
 logger = logging.getLogger(__name__)
-
-
-CONTEXT_LAYERS = 5  # target layers a drafter reads by default, however many draft layers it has
-
-
-@dataclass
-class TrainDrafterConfig:
-    """Recipe of one drafter training run. Every field has a default except ``output_dir``."""
-
-    output_dir: str = field(metadata={"help": "Folder for data cache, checkpoints, metrics and the final drafter."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
-    target_dtype: str = dtype_field("the frozen target")
-    num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
-    intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
-    block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
-    target_layer_ids: list[int] | None = field(default=None, metadata={"help": f"Target layers read as context (default: {CONTEXT_LAYERS} layers spread from the first to the fourth-last, DFlash's choice for a {CONTEXT_LAYERS}-layer drafter, also for fewer draft layers)."})
-    mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
-    gamma: float | None = field(default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."})
-    loss_positions: int | None = field(default=None, metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."})
-    distill_weight: float = field(default=0.0, metadata={"help": "Weight of KL(p_target || p_draft) added to the CE on the target's argmax (0: CE only)."})
-    consistent_labels: bool = field(default=True, metadata={"help": "For teacher-forced text, drop block positions whose text prefix differs from the target's greedy tokens."})
-    num_anchors: int = field(default=64, metadata={"help": "Anchors (blocks) sampled per sequence per step."})
-    seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
-    batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch."})
-    grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
-    steps_per_forward: int = field(default=1, metadata={"help": "Micro-batches drawn from one target forward, each with fresh anchors (>1 amortises an expensive target)."})
-    lr: float = field(default=6e-4, metadata={"help": "Peak AdamW learning rate."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps; cosine decay to 10% follows."})
-    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps (the run also stops at max_minutes)."})
-    max_minutes: float | None = field(default=None, metadata={"help": "Wall-clock budget of the training loop; the cosine follows whichever budget is nearer its end."})
-    eval_every: int = field(default=100, metadata={"help": "Steps between held-out evaluations."})
-    checkpoint_every: int = field(default=100, metadata={"help": "Steps between checkpoints (the latest two are kept)."})
-    seed: int = field(default=0, metadata={"help": "Seed of initialisation, data order and anchors."})
-    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of training prompts and corpus text."})
-    corpus_fraction: float = field(default=0.8, metadata={"help": "Fraction of micro-batches from teacher-forced corpus text; the rest are self-generated responses."})
-    corpus_limit_per_domain: int | None = field(default=None, metadata={"help": "Cap on corpus text chunks per domain (None: all)."})
-    self_gen_prompts_per_domain: int = field(default=64, metadata={"help": "Training prompts per domain answered by the target (self-distillation)."})
-    eval_prompts_per_domain: int = field(default=16, metadata={"help": "Held-out prompts per domain for evaluation."})
-    gen_max_new_tokens: int = field(default=192, metadata={"help": "Response length of self-generated sequences."})
-    gen_batch_size: int = field(default=16, metadata={"help": "Batch size of self-generation."})
-    eval_anchors: int = field(default=64, metadata={"help": "Anchors per held-out sequence in the teacher-forced evaluation."})
-    engine_eval_prompts: int = field(default=6, metadata={"help": "Held-out prompts decoded with the real engine at the end (0: skip)."})
-    data_dir: str | None = field(default=None, metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default). On shared CPUs, 1 avoids oversubscription stalls."})
-    resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
-    init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
-    self_gen_cached_only: bool = field(default=False, metadata={"help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), generating none."})
-    draft_vocab_size: int | None = field(default=None, metadata={"help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the self-generated responses (default: keep the init drafter's, else the full vocabulary)."})
-
-    def __post_init__(self) -> None:
-        positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "steps_per_forward", "max_steps", "eval_every",
-                    "checkpoint_every", "gen_max_new_tokens", "gen_batch_size", "eval_anchors", "eval_prompts_per_domain")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (anchor + at least one mask), got {self.block_size}.")
-        if self.gamma is None:
-            self.gamma = default_gamma(self.block_size)
-        if self.gamma <= 0:
-            raise ValueError(f"gamma must be > 0, got {self.gamma}.")
-        if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
-            raise ValueError(f"loss_positions must be in [1, block_size - 1 = {self.block_size - 1}], got {self.loss_positions}.")
-        if self.distill_weight < 0:
-            raise ValueError(f"distill_weight must be >= 0, got {self.distill_weight}.")
-        if not 0.0 <= self.corpus_fraction <= 1.0:
-            raise ValueError(f"corpus_fraction must be in [0, 1], got {self.corpus_fraction}.")
-        if self.corpus_fraction < 1.0 and self.self_gen_prompts_per_domain < 1:
-            raise ValueError("corpus_fraction < 1 needs self-generated data: set self_gen_prompts_per_domain >= 1.")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}.")
-        if self.warmup_steps < 0 or self.engine_eval_prompts < 0:
-            raise ValueError("warmup_steps and engine_eval_prompts must be >= 0.")
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
-        if self.intermediate_size is not None and self.intermediate_size < 1:
-            raise ValueError(f"intermediate_size must be >= 1 or None, got {self.intermediate_size}.")
-        if self.seq_len < 2 * self.block_size:
-            raise ValueError(f"seq_len ({self.seq_len}) must be at least 2 * block_size ({2 * self.block_size}).")
-        check_choice("target_dtype", self.target_dtype, DTYPES)
-        if not self.train_domains:
-            raise ValueError("train_domains is empty.")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}.")
 
 
 def pick_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:

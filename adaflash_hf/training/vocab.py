@@ -17,11 +17,11 @@ import json
 import random
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from .configs import PrepareDrafterConfig
 from .data import TrainingSequence, _read_shard
 
 
@@ -57,33 +57,6 @@ def coverage(vocab: torch.Tensor, counts: Counter) -> float:
 def read_cached_sequences(data_dir: str | Path) -> list[TrainingSequence]:
     """Every sequence in the shard caches under ``data_dir`` (any prompt set, any target run)."""
     return [s for path in sorted(Path(data_dir).rglob("shard_*.safetensors")) for s in _read_shard(path)]
-
-
-@dataclass
-class PrepareDrafterConfig:
-    """``adaflash prepare-drafter``: attach a draft vocabulary and a datastore, both from the target's own outputs, to a drafter."""
-
-    drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
-    output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
-    data_dir: str | None = field(default=None, metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target preset or path (for 'auto' and the special tokens)."})
-    size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
-    min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
-    datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
-    corpus_tokens: int = field(default=0, metadata={"help": "Also count the target's greedy predictions on this many tokens of training corpus text (one forward per 512-token window: far cheaper than generating; every tenth window held out)."})
-
-    def __post_init__(self) -> None:
-        if self.size is not None and self.size < 1:
-            raise ValueError(f"size must be >= 1 or unset, got {self.size}.")
-        if self.corpus_tokens < 0:
-            raise ValueError(f"corpus_tokens must be >= 0, got {self.corpus_tokens}.")
-        if not 0 < self.min_coverage <= 1:
-            raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
-        if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise FileNotFoundError(f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
-                                    f"--data-dir {self.data_dir}`.")
-        if self.data_dir is None and not self.corpus_tokens:
-            raise ValueError("nothing to count: give data_dir (cached responses from adaflash generate-data) or corpus_tokens > 0.")
 
 
 SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)

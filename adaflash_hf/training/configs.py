@@ -1,0 +1,203 @@
+"""The configs of the training commands, light on purpose (no torch or transformers at import).
+
+``adaflash generate-data``, ``prepare-drafter``, ``train-drafter`` and ``train-length-head`` build
+their options from these dataclasses, so ``adaflash <command> --help`` loads this module only; the
+modules that run the commands (:mod:`.data`, :mod:`.vocab`, :mod:`.trainer`, :mod:`.length_head`)
+import torch and re-export their config from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cli_args import DTYPES, check_choice, dtype_field
+
+
+@dataclass
+class GenerateDataConfig:
+    """``adaflash generate-data``: the target's own greedy responses to training prompts, cached for training."""
+
+    data_dir: str = field(metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
+    target_dtype: str = dtype_field()
+    drafter: str = field(default="none", metadata={"help": "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens."})
+    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."})
+    prompts_per_domain: int = field(default=10_000, metadata={"help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value finds the same cache)."})
+    seed: int = field(default=0, metadata={"help": "Shuffle seed of the prompts (train-drafter's --seed)."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Response length (train-drafter's --gen-max-new-tokens)."})
+    batch_size: int = field(default=16, metadata={"help": "Prompts decoded together."})
+    max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_domain", "max_new_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
+        check_choice("target_dtype", self.target_dtype, DTYPES)
+        if not self.train_domains:
+            raise ValueError("train_domains is empty: give at least one domain.")
+
+
+@dataclass
+class PrepareDrafterConfig:
+    """``adaflash prepare-drafter``: attach a draft vocabulary and a datastore, both from the target's own outputs, to a drafter."""
+
+    drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
+    output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
+    data_dir: str | None = field(default=None, metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target preset or path (for 'auto' and the special tokens)."})
+    size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
+    min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
+    datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
+    corpus_tokens: int = field(default=0, metadata={"help": "Also count the target's greedy predictions on this many tokens of training corpus text (one forward per 512-token window: far cheaper than generating; every tenth window held out)."})
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"size must be >= 1 or unset, got {self.size}.")
+        if self.corpus_tokens < 0:
+            raise ValueError(f"corpus_tokens must be >= 0, got {self.corpus_tokens}.")
+        if not 0 < self.min_coverage <= 1:
+            raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise FileNotFoundError(f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
+                                    f"--data-dir {self.data_dir}`.")
+        if self.data_dir is None and not self.corpus_tokens:
+            raise ValueError("nothing to count: give data_dir (cached responses from adaflash generate-data) or corpus_tokens > 0.")
+
+
+CONTEXT_LAYERS = 5  # target layers a drafter reads by default, however many draft layers it has
+
+
+@dataclass
+class TrainDrafterConfig:
+    """Recipe of one drafter training run. Every field has a default except ``output_dir``."""
+
+    output_dir: str = field(metadata={"help": "Folder for data cache, checkpoints, metrics and the final drafter."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
+    target_dtype: str = dtype_field("the frozen target")
+    num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
+    intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
+    block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": f"Target layers read as context (default: {CONTEXT_LAYERS} layers spread from the first to the fourth-last, DFlash's choice for a {CONTEXT_LAYERS}-layer drafter, also for fewer draft layers)."})
+    mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
+    gamma: float | None = field(default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."})
+    loss_positions: int | None = field(default=None, metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."})
+    distill_weight: float = field(default=0.0, metadata={"help": "Weight of KL(p_target || p_draft) added to the CE on the target's argmax (0: CE only)."})
+    consistent_labels: bool = field(default=True, metadata={"help": "For teacher-forced text, drop block positions whose text prefix differs from the target's greedy tokens."})
+    num_anchors: int = field(default=64, metadata={"help": "Anchors (blocks) sampled per sequence per step."})
+    seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
+    batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch."})
+    grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    steps_per_forward: int = field(default=1, metadata={"help": "Micro-batches drawn from one target forward, each with fresh anchors (>1 amortises an expensive target)."})
+    lr: float = field(default=6e-4, metadata={"help": "Peak AdamW learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps; cosine decay to 10% follows."})
+    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps (the run also stops at max_minutes)."})
+    max_minutes: float | None = field(default=None, metadata={"help": "Wall-clock budget of the training loop; the cosine follows whichever budget is nearer its end."})
+    eval_every: int = field(default=100, metadata={"help": "Steps between held-out evaluations."})
+    checkpoint_every: int = field(default=100, metadata={"help": "Steps between checkpoints (the latest two are kept)."})
+    seed: int = field(default=0, metadata={"help": "Seed of initialisation, data order and anchors."})
+    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of training prompts and corpus text."})
+    corpus_fraction: float = field(default=0.8, metadata={"help": "Fraction of micro-batches from teacher-forced corpus text; the rest are self-generated responses."})
+    corpus_limit_per_domain: int | None = field(default=None, metadata={"help": "Cap on corpus text chunks per domain (None: all)."})
+    self_gen_prompts_per_domain: int = field(default=64, metadata={"help": "Training prompts per domain answered by the target (self-distillation)."})
+    eval_prompts_per_domain: int = field(default=16, metadata={"help": "Held-out prompts per domain for evaluation."})
+    gen_max_new_tokens: int = field(default=192, metadata={"help": "Response length of self-generated sequences."})
+    gen_batch_size: int = field(default=16, metadata={"help": "Batch size of self-generation."})
+    eval_anchors: int = field(default=64, metadata={"help": "Anchors per held-out sequence in the teacher-forced evaluation."})
+    engine_eval_prompts: int = field(default=6, metadata={"help": "Held-out prompts decoded with the real engine at the end (0: skip)."})
+    data_dir: str | None = field(default=None, metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default). On shared CPUs, 1 avoids oversubscription stalls."})
+    resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
+    init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
+    self_gen_cached_only: bool = field(default=False, metadata={"help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), generating none."})
+    draft_vocab_size: int | None = field(default=None, metadata={"help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the self-generated responses (default: keep the init drafter's, else the full vocabulary)."})
+
+    def __post_init__(self) -> None:
+        positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "steps_per_forward", "max_steps", "eval_every",
+                    "checkpoint_every", "gen_max_new_tokens", "gen_batch_size", "eval_anchors", "eval_prompts_per_domain")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + at least one mask), got {self.block_size}.")
+        if self.gamma is None:
+            from .losses import default_gamma  # imports torch: only when a config is built, never for --help
+
+            self.gamma = default_gamma(self.block_size)
+        if self.gamma <= 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}.")
+        if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
+            raise ValueError(f"loss_positions must be in [1, block_size - 1 = {self.block_size - 1}], got {self.loss_positions}.")
+        if self.distill_weight < 0:
+            raise ValueError(f"distill_weight must be >= 0, got {self.distill_weight}.")
+        if not 0.0 <= self.corpus_fraction <= 1.0:
+            raise ValueError(f"corpus_fraction must be in [0, 1], got {self.corpus_fraction}.")
+        if self.corpus_fraction < 1.0 and self.self_gen_prompts_per_domain < 1:
+            raise ValueError("corpus_fraction < 1 needs self-generated data: set self_gen_prompts_per_domain >= 1.")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}.")
+        if self.warmup_steps < 0 or self.engine_eval_prompts < 0:
+            raise ValueError("warmup_steps and engine_eval_prompts must be >= 0.")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise ValueError(f"intermediate_size must be >= 1 or None, got {self.intermediate_size}.")
+        if self.seq_len < 2 * self.block_size:
+            raise ValueError(f"seq_len ({self.seq_len}) must be at least 2 * block_size ({2 * self.block_size}).")
+        check_choice("target_dtype", self.target_dtype, DTYPES)
+        if not self.train_domains:
+            raise ValueError("train_domains is empty.")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}.")
+
+
+@dataclass
+class TrainLengthHeadConfig:
+    """``adaflash train-length-head``: record acceptance with the real engine, fit the head, evaluate it held out."""
+
+    output_dir: str = field(default="runs/length-head", metadata={"help": "Folder for the record cache, the trained head (OUTPUT_DIR/length_head) and its summary."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
+    target_dtype: str = dtype_field("the target and drafter while recording")
+    drafter: str = field(default="auto", metadata={"help": "Drafter whose hidden states the head reads: 'auto' (bundled for the preset), a folder or a Hub id."})
+    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training and held-out prompts."})
+    train_prompts_per_domain: int = field(default=100, metadata={"help": "Training-split prompts per domain decoded for training records."})
+    eval_prompts_per_domain: int = field(default=40, metadata={"help": "Eval-split prompts per domain decoded for the held-out evaluation."})
+    max_new_tokens: int = field(default=96, metadata={"help": "Tokens generated per prompt while recording."})
+    batch_size: int = field(default=8, metadata={"help": "Prompts decoded together while recording."})
+    max_record_minutes: float | None = field(default=10.0, metadata={"help": "Stop recording training prompts after the shard that crosses this budget (a rerun resumes); held-out prompts are always recorded."})
+    records_dir: str | None = field(default=None, metadata={"help": "Record cache, shareable between runs (default: OUTPUT_DIR/records)."})
+    head_size: int = field(default=256, metadata={"help": "Width of the head's MLP (AdaFlash: 256)."})
+    epochs: int = field(default=20, metadata={"help": "Passes over the training records (the epoch with the best validation loss is kept)."})
+    lr: float = field(default=2e-4, metadata={"help": "Peak AdamW learning rate, decayed to 0 over the run by a cosine (AdaFlash's recipe: 2e-4)."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    train_batch_size: int = field(default=256, metadata={"help": "Records per optimizer step."})
+    validation_fraction: float = field(default=0.1, metadata={"help": "Share of training records held back to pick the epoch."})
+    head_dtype: str = field(default="fp32", metadata={"help": "dtype of the saved head (it is tiny either way).", "choices": ("fp32", "bf16")})
+    seed: int = field(default=0, metadata={"help": "Seed of prompt order, initialisation and batches."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+
+    def __post_init__(self) -> None:
+        for name in ("train_prompts_per_domain", "eval_prompts_per_domain", "max_new_tokens", "batch_size", "head_size",
+                     "epochs", "train_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.max_new_tokens < 2:
+            raise ValueError(f"max_new_tokens must be >= 2 (a round verifies drafts only while 2 or more tokens are left), got {self.max_new_tokens}.")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction}.")
+        check_choice("target_dtype", self.target_dtype, DTYPES)
+        check_choice("head_dtype", self.head_dtype, ("fp32", "bf16"))
+        if self.max_record_minutes is not None and self.max_record_minutes <= 0:
+            raise ValueError(f"max_record_minutes must be > 0 or None, got {self.max_record_minutes}.")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}.")
+        if not self.train_domains:
+            raise ValueError("train_domains is empty.")

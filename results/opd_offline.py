@@ -1,0 +1,100 @@
+"""Offline OPD probe behind results/experiments.md (session 6): does any setting teach the shipped SmolLM2
+drafter a domain it never saw, from a few hundred live requests?
+
+Records the target's own trajectories on train prompts (the live stream) and eval prompts (held out) of one
+domain once (cached under --cache), then trains LoRA variants with AdaFlashOPD's own step, synchronously,
+and prints the teacher-forced held-out tau (the same measure the worker's publication check uses) every
+--eval-every steps. No timing is reported, so it may share the machine.
+
+Usage: python results/opd_offline.py --variants base,lr3e-3,rank64,fc --steps 240
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from adaflash_hf import load_drafter, load_target
+from adaflash_hf.cli_args import encode_prompt
+from adaflash_hf.data import load_prompts
+from adaflash_hf.decoding.engine import generate
+from adaflash_hf.online import AdaFlashOPD, OPDConfig
+from adaflash_hf.online.trajectories import TrajectoryBuffer, TrajectoryRecorder
+
+VARIANTS = {  # one change at a time against "base" (the OPDConfig defaults)
+    "base": {},
+    "lr1e-3": {"lr": 1e-3},
+    "lr3e-3": {"lr": 3e-3},
+    "rank64": {"lora_rank": 64, "lora_alpha": 128.0},
+    "alpha1": {"alpha": 1.0},  # CE on the target's argmax only
+    "alpha0.5": {"alpha": 0.5},
+    "norej": {"rejected_weight": 1.0},
+}
+
+
+def record(target, drafter, tokenizer, prompts, max_new_tokens):
+    buffer = TrajectoryBuffer(10_000, 8 << 30)
+    recorder = TrajectoryRecorder(buffer, top_k=32)
+    for i, prompt in enumerate(prompts):
+        ids = encode_prompt(tokenizer, prompt)
+        generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                 pad_token_id=tokenizer.pad_token_id, observer=recorder)
+        print(f"  recorded {i + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    return buffer.take(10_000)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--domain", default="fiction")
+    parser.add_argument("--train-requests", type=int, default=200)
+    parser.add_argument("--eval-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--variants", default="base")
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--eval-every", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cache", default="runs/opd_offline")
+    parser.add_argument("--out", default="results/opd_offline.jsonl")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target("smollm2-135m", dtype="bf16")
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{args.domain}_{args.train_requests}_{args.eval_prompts}_{args.max_new_tokens}.pt"
+    if path.exists():
+        train, held_out = torch.load(path, weights_only=False)
+    else:
+        drafter = load_drafter("auto", target, target_name="smollm2-135m")
+        eval_rows = load_prompts(args.domain, split="eval", limit_per_domain=args.eval_prompts).to_list()
+        eval_set = {r["prompt"] for r in eval_rows}
+        live = [r["prompt"] for r in load_prompts(args.domain, split="train").to_list() if r["prompt"] not in eval_set]
+        live = [live[i % len(live)] for i in range(args.train_requests)]
+        held_out = record(target, drafter, tokenizer, [r["prompt"] for r in eval_rows], args.max_new_tokens)
+        train = record(target, drafter, tokenizer, live, args.max_new_tokens)
+        torch.save((train, held_out), path)
+    print(f"{len(train)} train and {len(held_out)} held-out trajectories", file=sys.stderr)
+    for name in args.variants.split(","):
+        drafter = load_drafter("auto", target, target_name="smollm2-135m")
+        opd = AdaFlashOPD(target, drafter, OPDConfig(**VARIANTS[name]))
+        tau0, pos0 = opd.held_out_tau(trajectories=held_out)
+        curve = [{"step": 0, "tau": tau0, "positions": pos0[:4]}]
+        print(f"{name}: step 0 tau {tau0:.4f} positions {[round(p, 3) for p in pos0[:4]]}", flush=True)
+        generator = torch.Generator().manual_seed(0)
+        start = time.perf_counter()
+        for step in range(1, args.steps + 1):
+            picks = torch.randperm(len(train), generator=generator)[: opd.config.batch_trajectories].tolist()
+            opd._guarded_step([train[i] for i in picks])
+            if step % args.eval_every == 0:
+                tau, pos = opd.held_out_tau(trajectories=held_out)
+                curve.append({"step": step, "tau": tau, "positions": pos[:4], "loss": opd.last_loss})
+                print(f"{name}: step {step} tau {tau:.4f} positions {[round(p, 3) for p in pos[:4]]} loss {opd.last_loss:.3f} "
+                      f"({time.perf_counter() - start:.0f}s)", flush=True)
+        with open(args.out, "a") as f:
+            f.write(json.dumps({"variant": name, "config": VARIANTS[name], "domain": args.domain, "train": len(train),
+                                "held_out": len(held_out), "steps": args.steps, "curve": curve}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
