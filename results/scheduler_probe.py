@@ -35,4 +35,6 @@ for c in map(int, sys.argv[1].split(",")):
     out, sec = asyncio.run(main())
     st = s.status(); s.stop()
     n = sum(len(o[0]) for o in out)
-    print(f"c={c} {method:12s} {n/sec:6.1f} tok/s tau {st['mean_accepted_length']:.2f} verif/tok {st['verified_per_token']:.2f} rounds {T['rounds']} draft {T['draft']:.2f}s verify {T['verify']:.2f}s total {sec:.1f}s g {dict(sorted(T['g'].items()))}", flush=True)
+    spec = sum(1 for k in T["g"] if k)  # verify widths seen
+    guard = getattr(s.batch.policy, "realised", {})
+    print(f"c={c} {method:12s} {n/sec:6.1f} tok/s tau {st['mean_accepted_length']:.2f} verif/tok {st['verified_per_token']:.2f} rounds {T['rounds']} draft {T['draft']:.2f}s verify {T['verify']:.2f}s total {sec:.1f}s prefill {s.batch.prefill_time:.2f}s g {dict(sorted(T['g'].items()))} guard {({k: round(v[0] / v[1], 2) for k, v in guard.items()})}", flush=True)

@@ -111,7 +111,7 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
     policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)  # 1 token per row in one step
-    assert policy.realised[(5, True)] == pytest.approx(2 / 3) and policy.realised[(5, False)] == pytest.approx(1.0)
+    assert policy.rate(5, True) == pytest.approx(2 / 3) and policy.rate(5, False) == pytest.approx(1.0)
     held = []
     for _ in range(8):  # as the engine runs: a held round is a plain step, an explored one speculates (and loses again)
         held.append(policy.wants_drafts(16))
@@ -120,10 +120,16 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
         else:
             policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     assert held == [False, False, True, False, False, False, True, False]  # one speculative round in explore_every
-    assert policy.wants_drafts(4)  # another batch-size bucket has its own evidence (none yet)
-    for _ in range(3):  # speculation now pays in this bucket: the guard lets it through
+    assert policy.wants_drafts(4)  # another batch-size bucket: no speculative evidence there yet
+    policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
+    assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in
+    assert not policy.wants_drafts(4)  # 1 token per row in more than a plain step's time: hold plain there too
+    for _ in range(12):  # speculation now pays at 16 rows: tokens over time climbs past plain's, and the guard lets it through
         policy.update(torch.full((16,), 4), spec, 0.150)
-    assert policy.realised[(5, True)] > policy.realised[(5, False)] and policy.wants_drafts(16)
+    assert policy.rate(5, True) > policy.rate(5, False)
+    assert not policy.wants_drafts(16)  # 12 speculative rounds in a row: time a plain step (refresh_plain_every=8)
+    policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
+    assert policy.wants_drafts(16)
 
 
 def test_the_guard_times_a_plain_step_now_and_then_when_it_only_saw_speculative_rounds():

@@ -102,8 +102,9 @@ class GoodputVerifyLength:
     nothing, so neither the drafter nor the look-ups are paid for; every ``explore_every`` rounds of a
     bucket it speculates anyway, to notice when that changes, and every ``refresh_plain_every``
     rounds it times a plain step, so a bucket where plain steps were never measured gets measured.
-    Rates are per row and in units of the measured plain step of that many rows, so rounds of 9 and
-    of 15 rows compare in one bucket. So on a machine where verification costs as much per token as
+    Rates are tokens per row over time in units of the measured plain step of that many rows (decayed
+    sums over the last few dozen rounds), so rounds of 9 and of 15 rows compare in one bucket, and a
+    bucket without a plain step of its own borrows the nearest bucket's plain rate. So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
     estimate that is off.
     """
@@ -113,15 +114,28 @@ class GoodputVerifyLength:
     margin: float = 1.02
     explore_every: int = 16
     refresh_plain_every: int = 64
-    realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> EMA of the rate below
+    decay: float = 0.95
+    realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
+
+    def rate(self, bucket: int, speculative: bool) -> float | None:
+        """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
+
+        Plain steps make one token per row whatever the batch size, so where a bucket has no plain
+        step measured yet the nearest bucket's plain rate stands in for it.
+        """
+        sums = self.realised.get((bucket, speculative))
+        if sums is None and not speculative:
+            measured = sorted((abs(b - bucket), b) for b, spec in self.realised if not spec)
+            sums = self.realised[(measured[0][1], False)] if measured else None
+        return None if sums is None else sums[0] / sums[1]
 
     def wants_drafts(self, rows: int) -> bool:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
         tokens per second than plain steps (a speculative round every ``explore_every`` rounds keeps
         that evidence fresh), and once every ``refresh_plain_every`` rounds to time a plain step."""
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
-        plain, spec = self.realised.get((bucket, False)), self.realised.get((bucket, True))
+        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
         if plain is not None and spec is not None and spec * self.margin < plain:
             return self._since.get((bucket, True), 0) + 1 >= self.explore_every
         return spec is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every
@@ -133,18 +147,20 @@ class GoodputVerifyLength:
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
-        """Record what the round realised: tokens per row per (measured) plain step of that many rows.
+        """Record what the round realised: tokens per row, and its time in plain steps of that many rows.
 
-        The engine feeds the cost model itself."""
+        Both are decayed sums (``decay`` per round of that kind), so the rate is tokens over time
+        across the last few dozen rounds, not an average of noisy per-round rates. The engine feeds
+        the cost model itself."""
         if seconds <= 0 or not len(verify_lens):
             return
         rows = len(verify_lens)
         bucket, speculative = rows.bit_length(), bool((verify_lens > 1).any())
         measured = self.cost_model is not None and (self.cost_model.seconds or self.cost_model.batch_seconds)
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
-        rate = float((accept_lengths + 1).sum()) / rows * plain_step / seconds  # tokens per row per plain step's time
-        old = self.realised.get((bucket, speculative))
-        self.realised[(bucket, speculative)] = rate if old is None else 0.8 * old + 0.2 * rate
+        sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
+        sums[0] = self.decay * sums[0] + float((accept_lengths + 1).sum()) / rows
+        sums[1] = self.decay * sums[1] + seconds / plain_step
         self._since[(bucket, speculative)] = 0
         self._since[(bucket, not speculative)] = self._since.get((bucket, not speculative), 0) + 1
 
