@@ -10,6 +10,8 @@ did to it: submitted prompts and parameters, and cancellations. Knobs set by tes
 
 `tiny_chat_tokenizer` is a byte-level BPE trained in milliseconds on text like `REPLY`, so the reply
 splits multi-byte characters across tokens (and merges the end of one character with the next).
+`tiny_chat_models` is a tiny random fp32 Llama over it and a fresh drafter, the stack that the demo,
+server and example tests decode with.
 """
 
 from __future__ import annotations
@@ -41,6 +43,27 @@ def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHATML
     return tokenizer
+
+
+def tiny_chat_models(tokenizer: PreTrainedTokenizerFast | None = None, num_layers: int = 3, max_positions: int = 512):
+    """(target, drafter, tokenizer): a tiny random fp32 Llama (seed 0) over ``tokenizer`` (default
+    :func:`tiny_chat_tokenizer`) with its EOS and pad set for generate, and a block-4 drafter (seed 1)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from adaflash_hf import AdaFlashDrafter
+
+    tokenizer = tokenizer or tiny_chat_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    target = LlamaForCausalLM(config).eval()
+    target.generation_config.eos_token_id = tokenizer.eos_token_id
+    target.generation_config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(1)
+    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
+    return target, drafter, tokenizer
 
 
 class FakeStream:

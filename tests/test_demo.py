@@ -13,10 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_scheduler import REPLY, tiny_chat_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
+from fake_scheduler import REPLY, tiny_chat_models, tiny_chat_tokenizer
 
-from adaflash_hf import AdaFlashDrafter, DraftingState, FixedVerifyLength
+from adaflash_hf import DraftingState, FixedVerifyLength
 from adaflash_hf.cli import main
 from adaflash_hf.decoding.state import RowSpec
 from adaflash_hf.demo import (
@@ -38,17 +37,7 @@ PROMPTS = ["Hello world, hello there.", "wörld Ça café naïve 🙂 你好 世
 
 def tiny_stack():
     """A tiny random fp32 llama over a byte-level chat tokenizer, and a fresh drafter for it."""
-    tokenizer = tiny_chat_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    target = LlamaForCausalLM(config).eval()
-    target.generation_config.eos_token_id = tokenizer.eos_token_id
-    target.generation_config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(1)
-    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
-    return target, drafter, tokenizer
+    return tiny_chat_models()
 
 
 class FakeOPD:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_scheduler import tiny_chat_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
+from fake_scheduler import tiny_chat_models, tiny_chat_tokenizer
 
-from adaflash_hf import AdaFlashDrafter, load_target
+from adaflash_hf import load_target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FP32 = ["--dtype", "fp32"]
@@ -58,17 +57,10 @@ def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")
     tokenizer = tiny_chat_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<mask>"]})
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    target = LlamaForCausalLM(config).eval()
-    target.generation_config.eos_token_id = tokenizer.eos_token_id
-    target.generation_config.pad_token_id = tokenizer.pad_token_id
+    target, drafter, _ = tiny_chat_models(tokenizer, num_layers=4)
     target.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
-    torch.manual_seed(1)
-    AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).save_pretrained(root / "drafter")
+    drafter.save_pretrained(root / "drafter")
     return {"target": str(root / "target"), "drafter": str(root / "drafter")}
 
 

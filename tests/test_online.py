@@ -379,9 +379,9 @@ def test_an_idle_trainer_revisits_recent_trajectories_only_when_replay_is_on(pai
         opd.start()
         try:
             if replay:
-                assert _wait(lambda: opd.status()["replayed_batches"] >= 3, timeout=60)
+                assert _wait(lambda opd=opd: opd.status()["replayed_batches"] >= 3, timeout=60)
             else:
-                assert _wait(lambda: opd.status()["trained_trajectories"] == 2 and opd.status()["state"] == "waiting for data")
+                assert _wait(lambda opd=opd: opd.status()["trained_trajectories"] == 2 and opd.status()["state"] == "waiting for data")
                 time.sleep(1.0)
         finally:
             opd.stop()

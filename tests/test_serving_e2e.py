@@ -11,10 +11,7 @@ import time
 
 import pytest
 import torch
-from fake_scheduler import tiny_chat_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from adaflash_hf import AdaFlashDrafter
+from fake_scheduler import tiny_chat_models
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -25,16 +22,7 @@ def stack():
     from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
     from adaflash_hf.serving.server import ServerThread, create_app
 
-    tokenizer = tiny_chat_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    target = LlamaForCausalLM(config).eval()
-    target.generation_config.eos_token_id = tokenizer.eos_token_id
-    target.generation_config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(1)
-    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
+    target, drafter, tokenizer = tiny_chat_models(max_positions=256)
     scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=3, calibrate=False), model_name="tiny")
     with ServerThread(create_app(scheduler)) as url:
         yield f"{url}/v1", target, tokenizer, scheduler
