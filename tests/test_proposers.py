@@ -132,16 +132,37 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     assert policy.wants_drafts(16)
 
 
+def test_slow_first_speculative_rounds_do_not_hold_plain_steps_for_long():
+    cost = VerifyCostModel()
+    cost.update(4, 0.010, rows=4)  # a plain step of 4 rows
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=8)
+    one, spec, plain = torch.ones(4, dtype=torch.long), torch.full((4,), 8, dtype=torch.long), torch.ones(4, dtype=torch.long)
+    for _ in range(4):  # warm-up: the first speculative rounds are ten times slower than they will be
+        policy.update(one * 2, spec, 0.150)  # 3 tokens in 15 plain steps' time
+    policy.update(one * 0, plain, 0.010)
+    speculated = 0
+    for _ in range(80):  # from now on a speculative round makes 3 tokens in 1.2 plain steps' time
+        if policy.wants_drafts(4):
+            speculated += 1
+            policy.update(one * 2, spec, 0.012)
+        else:
+            policy.update(one * 0, plain, 0.010)
+    assert policy.rate(3, True) > policy.rate(3, False) and speculated > 45  # recovered after a few explored rounds
+
+
 def test_the_guard_times_a_plain_step_now_and_then_when_it_only_saw_speculative_rounds():
     policy = GoodputVerifyLength(refresh_plain_every=3)
-    spec = torch.full((1,), 3, dtype=torch.long)
+    spec = torch.full((2,), 3, dtype=torch.long)
     answers = []
     for _ in range(2):
-        answers.append(policy.wants_drafts(1))
-        policy.update(torch.ones(1, dtype=torch.long), spec, 0.01)
-    assert answers == [True, True] and not policy.wants_drafts(1)  # the third round is a timed plain step
-    policy.update(torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long), 0.01)
-    assert policy.wants_drafts(1)  # plain realised 1 token per step, speculation 2: speculate again
+        answers.append(policy.wants_drafts(2))
+        policy.update(torch.ones(2, dtype=torch.long), spec, 0.01)
+    assert answers == [True, True] and not policy.wants_drafts(2)  # the third round is a timed plain step
+    policy.update(torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 0.01)
+    assert policy.wants_drafts(2)  # plain realised 1 token per step, speculation 2: speculate again
+    for _ in range(5):
+        policy.update(torch.zeros(1, dtype=torch.long), torch.full((1,), 3, dtype=torch.long), 1.0)  # one row, losing badly
+    assert policy.wants_drafts(1)  # a single request is left to the goodput choice
 
 
 def test_a_held_round_proposes_nothing_and_runs_no_drafter(target, drafter):

@@ -106,7 +106,8 @@ class GoodputVerifyLength:
     sums over the last few dozen rounds), so rounds of 9 and of 15 rows compare in one bucket, and a
     bucket without a plain step of its own borrows the nearest bucket's plain rate. So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
-    estimate that is off.
+    estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's rounds
+    are too few and too varied to compare, and there the goodput choice alone decides.
     """
 
     max_verify_len: int | None = None
@@ -114,7 +115,8 @@ class GoodputVerifyLength:
     margin: float = 1.02
     explore_every: int = 16
     refresh_plain_every: int = 64
-    decay: float = 0.95
+    decay: float = 0.9
+    min_rows: int = 2
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
 
@@ -134,6 +136,8 @@ class GoodputVerifyLength:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
         tokens per second than plain steps (a speculative round every ``explore_every`` rounds keeps
         that evidence fresh), and once every ``refresh_plain_every`` rounds to time a plain step."""
+        if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
+            return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
         plain, spec = self.rate(bucket, False), self.rate(bucket, True)
         if plain is not None and spec is not None and spec * self.margin < plain:
@@ -149,8 +153,10 @@ class GoodputVerifyLength:
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
         """Record what the round realised: tokens per row, and its time in plain steps of that many rows.
 
-        Both are decayed sums (``decay`` per round of that kind), so the rate is tokens over time
-        across the last few dozen rounds, not an average of noisy per-round rates. The engine feeds
+        Both are decayed sums (``decay`` per round of the bucket, whichever kind it was), so the rate
+        is tokens over time across the last few dozen rounds, not an average of noisy per-round rates,
+        and a kind the guard held back has its old evidence fade: the next explored round counts more
+        (slow first rounds, such as kernel warm-up, cannot hold plain steps for long). The engine feeds
         the cost model itself."""
         if seconds <= 0 or not len(verify_lens):
             return
@@ -158,9 +164,12 @@ class GoodputVerifyLength:
         bucket, speculative = rows.bit_length(), bool((verify_lens > 1).any())
         measured = self.cost_model is not None and (self.cost_model.seconds or self.cost_model.batch_seconds)
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
+        for kind in (False, True):  # every round ages both kinds' evidence, so a held kind's old rounds fade
+            if (bucket, kind) in self.realised:
+                self.realised[(bucket, kind)] = [self.decay * x for x in self.realised[(bucket, kind)]]
         sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
-        sums[0] = self.decay * sums[0] + float((accept_lengths + 1).sum()) / rows
-        sums[1] = self.decay * sums[1] + seconds / plain_step
+        sums[0] += float((accept_lengths + 1).sum()) / rows
+        sums[1] += seconds / plain_step
         self._since[(bucket, speculative)] = 0
         self._since[(bucket, not speculative)] = self._since.get((bucket, not speculative), 0) + 1
 
