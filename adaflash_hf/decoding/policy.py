@@ -95,19 +95,18 @@ class GoodputVerifyLength:
     rectangular, so one g serves the whole batch.
 
     A guard checks the model against what rounds actually deliver, before anything is proposed
-    (:meth:`wants_drafts`): for each batch size it keeps a moving average of the tokens per second
-    that whole rounds realised (proposal, drafter, verification and bookkeeping), for plain steps and
-    for speculative rounds apart (batch sizes bucketed by powers of two). While speculative rounds
-    deliver less than plain steps (``margin`` included) the round is a plain step that proposes
-    nothing, so neither the drafter nor the look-ups are paid for; every ``explore_every`` rounds of a
-    bucket it speculates anyway, to notice when that changes, and every ``refresh_plain_every``
-    rounds it times a plain step, so a bucket where plain steps were never measured gets measured.
-    Rates are tokens per row over time in units of the measured plain step of that many rows (decayed
-    sums over the last few dozen rounds), so rounds of 9 and of 15 rows compare in one bucket, and a
-    bucket without a plain step of its own borrows the nearest bucket's plain rate. So on a machine where verification costs as much per token as
+    (:meth:`wants_drafts`). For each batch size (bucketed by powers of two) it keeps what whole rounds
+    realised (proposal, drafter, verification and bookkeeping), plain steps and speculative rounds
+    apart: tokens per row over time in units of the measured plain step of that many rows, as decayed
+    sums over the last dozen or so rounds, so rounds of 9 and of 15 rows compare in one bucket. While
+    speculative rounds deliver less than plain steps (``margin`` included) the round is a plain step
+    that proposes nothing, so neither the drafter nor the look-ups are paid for; every
+    ``explore_every`` rounds it speculates anyway, to notice when that changes, and every
+    ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
+    borrows the nearest bucket's. So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
-    estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's rounds
-    are too few and too varied to compare, and there the goodput choice alone decides.
+    estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's
+    rounds are too few and too varied to compare, and there the goodput choice alone decides.
     """
 
     max_verify_len: int | None = None
