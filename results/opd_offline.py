@@ -31,6 +31,7 @@ VARIANTS = {  # one change at a time against "base" (the OPDConfig defaults)
     "alpha1": {"alpha": 1.0},  # CE on the target's argmax only
     "alpha0.5": {"alpha": 0.5},
     "norej": {"rejected_weight": 1.0},
+    "anchors16": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3},  # more trajectories per step, same cost
 }
 
 
