@@ -100,26 +100,17 @@ def load_problems(task: str, limit: int) -> list[Problem]:
 
     check_choice("task", task, TASKS)
     rows = load_prompts(DOMAIN_OF[task], split="eval", limit_per_domain=limit).to_list()
-    if task == "gsm8k":
-        by_id = {p.doc_id: p for p in corpora.read_gsm8k()}
-        ids = [r["doc_id"] for r in rows]
-        prompts = {r["doc_id"]: r["prompt"] for r in rows}
-        make_prompt = lambda doc_id: gsm8k_prompt(by_id[doc_id].question)  # noqa: E731
-    else:
-        by_id = {p.doc_id: p for p in corpora.read_humaneval()}
-        ids = [r["doc_id"] for r in rows]
-        prompts = {r["doc_id"]: r["prompt"] for r in rows}
-        make_prompt = lambda doc_id: humaneval_prompt(by_id[doc_id].prompt)  # noqa: E731
-    if len(ids) < limit:
-        rest = [doc_id for doc_id in by_id if doc_id not in prompts]
-        rest.sort(key=lambda doc_id: document_split(task, doc_id) != "eval")  # stable: benchmark order within a split
-        for doc_id in rest[: limit - len(ids)]:
-            ids.append(doc_id)
-            prompts[doc_id] = make_prompt(doc_id)
+    gsm8k = task == "gsm8k"
+    by_id = {p.doc_id: p for p in (corpora.read_gsm8k() if gsm8k else corpora.read_humaneval())}
+    prompts = {r["doc_id"]: r["prompt"] for r in rows}  # insertion order: the eval split's fixed order
+    rest = sorted((doc_id for doc_id in by_id if doc_id not in prompts),
+                  key=lambda doc_id: document_split(task, doc_id) != "eval")  # stable: benchmark order within a split
+    for doc_id in rest[: max(0, limit - len(prompts))]:
+        prompts[doc_id] = gsm8k_prompt(by_id[doc_id].question) if gsm8k else humaneval_prompt(by_id[doc_id].prompt)
     problems = []
-    for doc_id in ids:
+    for doc_id in prompts:
         split = document_split(task, doc_id)
-        if task == "gsm8k":
+        if gsm8k:
             problems.append(Problem(f"gsm8k/{doc_id}", task, prompts[doc_id],
                                     answer=reference_answer(by_id[doc_id].answer), split=split))
         else:

@@ -174,13 +174,19 @@ def published_versions(publish_dir: str | Path) -> list[int]:
     return sorted(int(p.name[1:]) for p in Path(publish_dir).glob("v[0-9]*") if p.is_dir() and p.name[1:].isdigit())
 
 
+def _adapter_file(adapter_dir: str | Path, name: str) -> Path:
+    """``adapter_dir/name``; :class:`AdapterError` if it is missing."""
+    path = Path(adapter_dir) / name
+    if not path.is_file():
+        raise AdapterError(f"no {name} in {adapter_dir}: not a published adapter folder.")
+    return path
+
+
 def load_adapter_state(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
     """Read a published (or peft-saved) adapter folder; :class:`AdapterError` if it is missing or unreadable."""
     from safetensors.torch import load_file
 
-    path = Path(adapter_dir) / "adapter_model.safetensors"
-    if not path.is_file():
-        raise AdapterError(f"no adapter_model.safetensors in {adapter_dir}: not a published adapter folder.")
+    path = _adapter_file(adapter_dir, "adapter_model.safetensors")
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for truncated or garbled files
@@ -237,8 +243,7 @@ def merge_adapter(drafter, adapter_dir: str | Path):
     if getattr(drafter, "adaflash_lora", None) is not None:
         raise ValueError("merge_adapter needs the base drafter, not the serving copy with LoRA layers injected.")
     for name in ("adapter_config.json", "adapter_model.safetensors"):
-        if not (Path(adapter_dir) / name).is_file():
-            raise AdapterError(f"no {name} in {adapter_dir}: not a published adapter folder.")
+        _adapter_file(adapter_dir, name)
     model = PeftModel.from_pretrained(copy.deepcopy(drafter), str(adapter_dir))
     merged = model.merge_and_unload()
     if not all(math.isfinite(float(p.abs().max())) for p in merged.parameters()):

@@ -96,13 +96,11 @@ def opd_loss(
     draft_logits, target_logits (N, K, V); labels (N, K), the target's greedy tokens (``ignore_index``
     where none); weights (K,) position decay. Returns the weighted mean over valid (n, k).
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
     ce = F.cross_entropy(
         draft_logits.float().flatten(0, 1), labels.flatten().clamp_min(0), reduction="none"
     ).view(labels.shape)  # (N, K)
     kl = clipped_reverse_kl(draft_logits, target_logits, clip)  # (N, K)
-    per_position = (alpha * ce + (1 - alpha) * kl).masked_fill(labels == ignore_index, 0.0)
+    per_position = _mix(ce, kl, alpha).masked_fill(labels == ignore_index, 0.0)
     return _weighted_mean(per_position, labels, weights, ignore_index)
 
 
@@ -144,10 +142,15 @@ def opd_topk_loss(
     argmax lies outside the draft vocabulary gives no CE); weights (n,) per position (decay times any
     up-weighting of rejected positions). Returns sum_n w_n loss_n / sum_n w_n.
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
     labels = teacher_ids[:, 0].long()
     ce = F.cross_entropy(draft_logits.float(), labels.clamp_min(0), reduction="none").masked_fill(labels < 0, 0.0)
     kl = topk_reverse_kl(draft_logits, teacher_ids, teacher_logprobs, clip)
     w = weights.to(draft_logits.device, torch.float32)
-    return ((alpha * ce + (1 - alpha) * kl) * w).sum() / w.sum().clamp_min(1e-12)
+    return (_mix(ce, kl, alpha) * w).sum() / w.sum().clamp_min(1e-12)
+
+
+def _mix(ce: torch.Tensor, kl: torch.Tensor, alpha: float) -> torch.Tensor:
+    """AdaFlash's per-position OPD mix: alpha * CE + (1 - alpha) * clipped reverse KL."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+    return alpha * ce + (1 - alpha) * kl
