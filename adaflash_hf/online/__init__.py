@@ -12,7 +12,7 @@ _EXPORTS = {
     "AdapterFollower": ".adapters",
     "AdapterSlot": ".adapters",
     "LoraSettings": ".adapters",
-    "OPDConfig": ".opd",
+    "OPDConfig": ".configs",
     "Trajectory": ".trajectories",
     "TrajectoryBuffer": ".trajectories",
     "TrajectoryRecorder": ".trajectories",

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cli_args import dtype_field
+from .configs import OPDConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,10 @@ class BenchOPDArgs:
     eval_per_domain: int = field(default=8, metadata={"help": "Eval prompts per domain when --eval-prompts is not given."})
     eval_every: int = field(default=50, metadata={"help": "Measure τ every this many live requests."})
     max_new_tokens: int = field(default=64, metadata={"help": "New tokens per live and eval request."})
-    duty_cycle: float = field(default=0.25, metadata={"help": "Share of wall time the OPD trainer may compute."})
-    lr: float = field(default=3e-4, metadata={"help": "OPD learning rate."})
-    lora_rank: int = field(default=16, metadata={"help": "LoRA rank."})
-    replay: int = field(default=64, metadata={"help": "Trained trajectories the idle trainer revisits (0: each is trained on once)."})
+    duty_cycle: float = field(default=OPDConfig.duty_cycle, metadata={"help": "Share of wall time the OPD trainer may compute."})
+    lr: float = field(default=OPDConfig.lr, metadata={"help": "OPD learning rate."})
+    lora_rank: int = field(default=OPDConfig.lora_rank, metadata={"help": "LoRA rank."})
+    replay: int = field(default=OPDConfig.replay_trajectories, metadata={"help": "Trained trajectories the idle trainer revisits (0: each is trained on once)."})
     num_threads: int | None = field(default=None, metadata={"help": "torch threads for serving (default: torch's)."})
     output: str = field(default="results/bench_opd.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."})
     seed: int = field(default=0, metadata={"help": "Seed of the live stream order and of OPD."})
@@ -106,7 +107,7 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     from ..decoding.proposers import DraftingConfig, DraftingState
     from ..drafters import load_drafter
     from ..targets import load_target
-    from .opd import AdaFlashOPD, OPDConfig
+    from .opd import AdaFlashOPD
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
