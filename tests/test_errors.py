@@ -132,6 +132,16 @@ def test_out_of_range_sampling_values(target, drafter, kwargs, match):
         generate(target, drafter, torch.tensor([[5, 6, 7]]), max_new_tokens=3, **kwargs)
 
 
+def test_a_corrupt_drafter_checkpoint_says_so(target, tmp_path):
+    from adaflash_hf import AdaFlashDrafter, load_drafter
+
+    AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).save_pretrained(tmp_path / "drafter")
+    weights = tmp_path / "drafter" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a download cut short
+    with pytest.raises(OSError, match="drafter weights in .* cannot be read .*corrupt or was only partly downloaded"):
+        load_drafter(str(tmp_path / "drafter"), target)
+
+
 def test_load_drafter_says_what_it_accepts(target, tmp_path):
     from adaflash_hf import load_drafter
 
