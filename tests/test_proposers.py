@@ -106,20 +106,22 @@ def test_batched_cost_interpolates_along_rows_at_a_measured_width():
 def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explores():
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
-    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, refresh_plain_every=8)
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8)
     plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
     policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)  # 1 token per row in one step
     assert policy.rate(5, True) == pytest.approx(2 / 3) and policy.rate(5, False) == pytest.approx(1.0)
     held = []
-    for _ in range(8):  # as the engine runs: a held round is a plain step, an explored one speculates (and loses again)
+    for _ in range(30):  # as the engine runs: a held round is a plain step, an explored one speculates (and loses again)
         held.append(policy.wants_drafts(16))
         if held[-1]:
             policy.update(torch.full((16,), 1), spec, 0.300)
         else:
             policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
-    assert held == [False, False, True, False, False, False, True, False]  # one speculative round in explore_every
+    explored = [i for i, h in enumerate(held) if h]
+    assert explored == [2, 10, 26]  # explore_every rounds after the last speculative one; each loss doubles the gap
+    assert policy._explore[5] == 16  # (capped at max_explore_every)
     assert policy.wants_drafts(4)  # another batch-size bucket: no speculative evidence there yet
     policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
     assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in

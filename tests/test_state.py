@@ -127,3 +127,74 @@ def test_a_join_after_the_drafter_cache_compacts_to_nothing(target, drafter):
         take(batch.step())
     for name, prompt in (("b", prompts[1]), ("c", prompts[2])):
         assert tokens[name] == greedy_reference(target, prompt, 12, eos=False)[len(prompt):]
+
+
+def _drafter_blocks(batch: SpeculativeBatch) -> dict:
+    """Record, per row, every block the drafter proposes (the proposer's call into the drafter)."""
+    blocks: dict = {}
+    propose = batch.proposer.propose
+
+    def recording(ids, run_drafter):
+        def run():
+            tokens, probs = run_drafter()
+            for row, block in zip(ids, tokens.tolist()):
+                blocks.setdefault(row, []).append(block)
+            return tokens, probs
+        return propose(ids, run if run_drafter is not None else None)
+
+    batch.proposer.propose = recording
+    return blocks
+
+
+@pytest.mark.parametrize("compact_min_slots", [1, 10_000])
+def test_the_drafter_sees_the_same_context_alone_and_in_a_batch_with_joins(target, drafter, compact_min_slots):
+    """The drafter's layout (its cache, mask and unread context) is kept apart from the target's: every row must
+    get the same draft blocks whether it decodes alone or joins a batch whose other rows come and go."""
+    prompts = random_prompts([5, 11, 3, 8], seed=13)
+    budgets = [14, 9, 16, 12]
+
+    def new_batch():
+        state = DraftingState(DraftingConfig.only("drafter"))
+        state.EXPLORE_EVERY = 1
+        return SpeculativeBatch(target, drafter, drafting=state.config, drafting_state=state,
+                                verify_policy=FixedVerifyLength(), compact_min_slots=compact_min_slots)
+
+    alone = {}
+    for i, (prompt, n) in enumerate(zip(prompts, budgets)):
+        batch = new_batch()
+        blocks = _drafter_blocks(batch)
+        run_staggered(batch, [RowSpec(i, prompt, n)], join_every=1)
+        alone[i] = blocks[i]
+    batch = new_batch()
+    together = _drafter_blocks(batch)
+    run_staggered(batch, [RowSpec(i, p, n) for i, (p, n) in enumerate(zip(prompts, budgets))], join_every=3)
+    for i in alone:
+        assert together[i] == alone[i], f"row {i}"
+
+
+def test_rounds_without_the_drafter_leave_the_target_cache_as_tight_as_plain_decoding(target, drafter):
+    """After the drafter has run, held rounds (no drafts) only collect features for it: as rows join, the
+    target cache keeps exactly the slots of a batch without a drafter (it used to grow by the drafter's part)."""
+    prompts = random_prompts([4, 11, 13, 9], seed=17)
+    slots = {}
+    for name, d in (("drafter", drafter), ("plain", None)):
+        state = DraftingState(DraftingConfig.only("drafter") if d is not None else
+                              DraftingConfig(drafter=False, global_index=False, datastore=False))
+        batch = SpeculativeBatch(target, d, drafting=state.config, drafting_state=state, verify_policy=FixedVerifyLength())
+        batch.add_rows([RowSpec("a", prompts[0], 40)])
+        if d is not None:
+            batch.step()  # one speculative round: the drafter caches row a's context
+            assert batch.draft_cache.get_seq_length() > 0
+            slots["made"] = batch.num_new["a"]
+        else:
+            while batch.num_new["a"] < slots["made"]:
+                batch.step()
+        batch.policy = FixedVerifyLength(1)  # from here on: plain steps
+        seen = []
+        for i, prompt in enumerate(prompts[1:]):
+            batch.add_rows([RowSpec(i, prompt, 20)])
+            for _ in range(2):
+                batch.step()
+                seen.append(batch.num_slots)
+        slots[name] = seen
+    assert slots["drafter"] == slots["plain"]

@@ -101,7 +101,9 @@ class GoodputVerifyLength:
     sums over the last dozen or so rounds, so rounds of 9 and of 15 rows compare in one bucket. While
     speculative rounds deliver less than plain steps (``margin`` included) the round is a plain step
     that proposes nothing, so neither the drafter nor the look-ups are paid for; every
-    ``explore_every`` rounds it speculates anyway, to notice when that changes, and every
+    ``explore_every`` rounds it speculates anyway, to notice when that changes (each explored round that
+    loses on its own doubles that interval for its bucket, up to ``max_explore_every``, since an explored
+    round at high load can cost several plain steps; a winning one resets it), and every
     ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
     borrows the nearest bucket's. So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
@@ -113,11 +115,13 @@ class GoodputVerifyLength:
     cost_model: VerifyCostModel | None = None
     margin: float = 1.02
     explore_every: int = 16
+    max_explore_every: int = 256
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
+    _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
         """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
@@ -131,17 +135,22 @@ class GoodputVerifyLength:
             sums = self.realised[(measured[0][1], False)] if measured else None
         return None if sums is None else sums[0] / sums[1]
 
+    def losing(self, bucket: int) -> bool:
+        """Whether speculative rounds of this bucket realise less than plain steps (``margin`` included)."""
+        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
+        return plain is not None and spec is not None and spec * self.margin < plain
+
     def wants_drafts(self, rows: int) -> bool:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
-        tokens per second than plain steps (a speculative round every ``explore_every`` rounds keeps
-        that evidence fresh), and once every ``refresh_plain_every`` rounds to time a plain step."""
+        tokens per second than plain steps (an explored speculative round keeps that evidence fresh,
+        less often the longer it keeps losing), and once every ``refresh_plain_every`` rounds to time
+        a plain step."""
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
-        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
-        if plain is not None and spec is not None and spec * self.margin < plain:
-            return self._since.get((bucket, True), 0) + 1 >= self.explore_every
-        return spec is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every
+        if self.losing(bucket):
+            return self._since.get((bucket, True), 0) + 1 >= self._explore.get(bucket, self.explore_every)
+        return self.rate(bucket, True) is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every
 
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
@@ -166,9 +175,14 @@ class GoodputVerifyLength:
         for kind in (False, True):  # every round ages both kinds' evidence, so a held kind's old rounds fade
             if (bucket, kind) in self.realised:
                 self.realised[(bucket, kind)] = [self.decay * x for x in self.realised[(bucket, kind)]]
+        tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
+        plain = self.rate(bucket, False)
+        if speculative and plain is not None:  # back off exploring while speculative rounds here lose on their own
+            interval = self._explore.get(bucket, self.explore_every)
+            self._explore[bucket] = min(2 * interval, self.max_explore_every) if tokens / steps * self.margin < plain else self.explore_every
         sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
-        sums[0] += float((accept_lengths + 1).sum()) / rows
-        sums[1] += seconds / plain_step
+        sums[0] += tokens
+        sums[1] += steps
         self._since[(bucket, speculative)] = 0
         self._since[(bucket, not speculative)] = self._since.get((bucket, not speculative), 0) + 1
 

@@ -4,15 +4,17 @@
 steps until the batch is empty; the serving scheduler adds requests as they arrive, steps, and drops
 rows that finish or are cancelled. Every row has its own sampling parameters, stop ids and budget.
 
-Cache layout. Target and drafter caches are rectangular (b, slots); ``slot_mask`` (b, slots) marks
-the slots that hold accepted tokens. Position ids are tracked per row, so a row's masked "holes"
-(left padding, drafts it rejected while another row accepted more, slots added when rows joined)
-change nothing in exact arithmetic. The drafter's cache mirrors the target's first ``D`` slots; the
-target features of the remaining slots are ``pending`` (the drafter reads them the next time it runs).
+Cache layout. The target's cache is rectangular (b, slots); ``slot_mask`` (b, slots) marks the
+slots that hold accepted tokens. Position ids are tracked per row, so a row's masked "holes" (left
+padding, drafts it rejected while another row accepted more, slots added when rows joined) change
+nothing in exact arithmetic. The drafter keeps its own layout: its cache (b, draft slots) with
+``draft_mask``, and the target features it has not read yet in :class:`PendingContext`, which it
+reads the next time it runs. The two sides are laid out, joined and compacted independently, so
+rounds that skip the drafter cost what a plain batched step costs: the target's cache stays as
+tight as it would be without a drafter, and the unread features are only collected.
 
-Joining rows are prefilled on their own, then both sides are re-laid out around the drafter
-boundary: ``[D cached slots | pending slots]`` with holes on the left of each part. Holes are
-squeezed out ("compaction") when they make up a large share of the cache, with one gather per layer.
+Joining rows are prefilled on their own and merged right-aligned (holes on the left). Holes are
+squeezed out ("compaction") when they make up a large share of a cache, with one gather per layer.
 
 Round: propose (drafter block, suffix matches) -> choose verify lengths -> verify -> accept -> crop ->
 update policy, acceptance estimates and statistics.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .._compat import CACHE_KWARG
+from .._compat import CACHE_KWARG, sdpa_gqa
 from .cost import timer
 from .outputs import RoundStats
 from .policy import GoodputVerifyLength, VerifyLengthPolicy, wants_drafts
@@ -87,13 +89,14 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     block_ids = torch.full((anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device)
     block_ids[:, 0] = anchors
     block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchors.device)
-    out = drafter(
-        noise_embeds=embed(block_ids),
-        context_hidden_states=context,
-        position_ids=torch.cat([context_pos, block_pos], dim=1),
-        attention_mask=torch.cat([key_mask, torch.ones_like(block_ids)], dim=1),
-        cache=cache,
-    )
+    with sdpa_gqa(anchors.device):
+        out = drafter(
+            noise_embeds=embed(block_ids),
+            context_hidden_states=context,
+            position_ids=torch.cat([context_pos, block_pos], dim=1),
+            attention_mask=torch.cat([key_mask, torch.ones_like(block_ids)], dim=1),
+            cache=cache,
+        )
     cache.crop(-block_size)  # keep the context, drop the block
     return out.last_hidden_state
 
@@ -135,6 +138,49 @@ def pad_left(tensor: torch.Tensor | None, width: int) -> torch.Tensor | None:
         return tensor
     pad = tensor.new_zeros((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]))
     return torch.cat([pad, tensor], dim=1)
+
+
+class PendingContext:
+    """Target features the drafter has not read yet: (b, s, n*H) features, (b, s) positions, (b, s) 0/1 mask.
+
+    Each round appends a chunk; chunks are joined only when the drafter reads them or rows join or
+    leave, so rounds that skip the drafter pay nothing for the growing context. Past ``max_width``
+    columns the oldest are dropped (the drafter then misses that far context; outputs are unchanged).
+    """
+
+    def __init__(self, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, max_width: int = 1024):
+        self.chunks = [(hidden, pos, mask.long())]
+        self.max_width = max_width
+
+    @property
+    def width(self) -> int:
+        return sum(chunk[0].shape[1] for chunk in self.chunks)
+
+    def joined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if len(self.chunks) > 1:
+            self.chunks = [tuple(torch.cat(parts, dim=1) for parts in zip(*self.chunks))]
+        return self.chunks[0]
+
+    def append(self, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
+        self.chunks.append((hidden, pos, mask.long()))
+        if self.width > self.max_width:
+            self.chunks = [tuple(t[:, -self.max_width:] for t in self.joined())]
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All unread features (joined); leaves the context empty (width 0) for the same rows."""
+        hidden, pos, mask = self.joined()
+        self.chunks = [(hidden[:, :0], pos[:, :0], mask[:, :0])]
+        return hidden, pos, mask
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.chunks = [tuple(t.index_select(0, index) for t in self.joined())]
+
+    def add_rows(self, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
+        """Stack new rows below, both sides left-padded (as holes) to the wider one."""
+        width = max(self.width, hidden.shape[1])
+        mine = (pad_left(t, width) for t in self.joined())
+        theirs = (pad_left(t, width) for t in (hidden, pos, mask.long()))
+        self.chunks = [tuple(torch.cat(pair, dim=0) for pair in zip(mine, theirs))]
 
 
 class SpeculativeBatch:
@@ -199,8 +245,8 @@ class SpeculativeBatch:
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, S) 1 where a slot holds a token
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
         self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
-        self.pending_hidden: torch.Tensor | None = None  # (b, s, n*H) target features not yet in the drafter cache
-        self.pending_pos: torch.Tensor | None = None  # (b, s) their positions
+        self.draft_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, draft slots) 1 where the drafter cache holds context
+        self.pending: PendingContext | None = None  # target features the drafter has not read yet
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -236,10 +282,11 @@ class SpeculativeBatch:
             attention_mask[i, width - len(spec.prompt_ids):] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache()
-        out = self.target(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True, **{CACHE_KWARG: cache},
-        )
+        with sdpa_gqa(self.device):
+            out = self.target(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True, **{CACHE_KWARG: cache},
+            )
         first = self._choose(out.logits[:, -1], [s.params for s in specs])
         pending = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         self._merge(specs, cache, attention_mask, position_ids[:, -1] + 1, first, pending, position_ids)
@@ -263,38 +310,32 @@ class SpeculativeBatch:
             self.ids = [s.row_id for s in specs]
             self.target_cache, self.draft_cache = cache, DynamicCache()
             self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
-            self.pending_hidden, self.pending_pos = pending, pending_pos if self.use_drafter else None
+            self.draft_mask = self.slot_mask.new_zeros(len(specs), 0)
+            self.pending = PendingContext(pending, pending_pos, mask) if self.use_drafter else None
             return
         self._compact(force=False)
         b_old, b_new, length = len(self.ids), len(specs), mask.shape[1]
-        if self.use_drafter:
-            cached = self.draft_cache.get_seq_length()
-            s_old = self.num_slots - cached
-            s = max(s_old, length)
-            # old rows: [cached | s - s_old holes | pending]; new rows: [cached + s - length holes | prompt]
-            old_index = torch.cat([torch.arange(cached, device=self.device).expand(b_old, -1),
-                                   shifted_index(b_old, s_old, s - s_old, self.device) + cached], dim=1)
-            old_index[:, cached:cached + s - s_old] = -1
-            new_index = shifted_index(b_new, length, cached + s - length, self.device)
-            if _initialized(self.draft_cache):  # new rows join the drafter cache as holes
-                _append_rows(self.draft_cache, b_new)
-            self.pending_hidden = torch.cat([pad_left(self.pending_hidden, s), pad_left(pending, s)], dim=0)
-            self.pending_pos = torch.cat([pad_left(self.pending_pos, s), pad_left(pending_pos, s)], dim=0)
-        else:
-            total = max(self.num_slots, length)
-            old_index = shifted_index(b_old, self.num_slots, total - self.num_slots, self.device)
-            new_index = shifted_index(b_new, length, total - length, self.device)
-        if old_index.shape[1] != self.num_slots or bool((old_index != torch.arange(self.num_slots, device=self.device)).any()):
+        # target: old rows [holes | slots], new rows [holes | prompt], right-aligned to the wider side
+        total = max(self.num_slots, length)
+        old_index = shifted_index(b_old, self.num_slots, total - self.num_slots, self.device)
+        new_index = shifted_index(b_new, length, total - length, self.device)
+        if total != self.num_slots:
             relayout_cache(self.target_cache, old_index)  # skipped when the old rows keep their layout (a full copy)
         relayout_cache(cache, new_index)
         for mine, theirs in zip(self.target_cache.layers, cache.layers):
             mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
             mine.values = torch.cat([mine.values, theirs.values], dim=0)
         self.slot_mask = torch.cat([_take(self.slot_mask, old_index), _take(mask.long(), new_index)], dim=0)
+        if self.use_drafter:  # drafter: new rows are all holes in its cache; their prompt features are unread
+            if _initialized(self.draft_cache):
+                _append_rows(self.draft_cache, b_new)
+            self.draft_mask = torch.cat([self.draft_mask, self.draft_mask.new_zeros(b_new, self.draft_mask.shape[1])])
+            self.pending.add_rows(pending, pending_pos, mask)
         self.next_pos = torch.cat([self.next_pos, next_pos])
         self.last_token = torch.cat([self.last_token, last_token])
         self.ids = self.ids + [s.row_id for s in specs]
 
+    @torch.inference_mode()
     def drop_rows(self, row_ids: Sequence[Hashable]) -> None:
         """Remove rows (finished or cancelled) from the batch and both caches; unknown ids are ignored."""
         gone = set(row_ids) & set(self.ids)
@@ -306,38 +347,46 @@ class SpeculativeBatch:
             self.specs.pop(row)
             self.num_new.pop(row)
             self.proposer.finish_row(row)
-        keep = [i for i, row in enumerate(self.ids) if row not in gone]
-        if not keep:
+        size = len(self.ids) - len(gone)
+        if size == 0:
             self._empty()
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.ids = [self.ids[i] for i in keep]
+        # Swap-remove: the surviving rows past the new batch size move into the freed places, so the caches
+        # copy only the moved rows (an index_select would copy every layer's whole cache at each departure).
+        holes = [i for i in range(size) if self.ids[i] in gone]
+        movers = [i for i in range(size, len(self.ids)) if self.ids[i] not in gone]
+        order = list(range(size))
+        for hole, mover in zip(holes, movers):
+            order[hole] = mover
+        index = torch.tensor(order, dtype=torch.long, device=self.device)
+        self.ids = [self.ids[i] for i in order]
         self.slot_mask, self.next_pos, self.last_token = (t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token))
         if self.use_drafter:
-            self.pending_hidden = self.pending_hidden.index_select(0, index)
-            self.pending_pos = self.pending_pos.index_select(0, index)
-        _select_rows(self.target_cache, index)
-        _select_rows(self.draft_cache, index)
+            self.draft_mask = self.draft_mask.index_select(0, index)
+            self.pending.select_rows(index)
+        _move_rows(self.target_cache, holes, movers, size)
+        _move_rows(self.draft_cache, holes, movers, size)
 
     def _compact(self, force: bool = True) -> None:
-        """Squeeze holes out of the drafter-cached part of the caches (all slots without a drafter).
+        """Squeeze holes out of the target's cache and the drafter's, each on its own.
 
         Rows keep different numbers of tokens, so packing can only free the columns that every row
-        has a hole in after right-alignment; without ``force`` it runs when those are a quarter of the part.
+        has a hole in after right-alignment; without ``force`` a cache is packed once it has at least
+        ``compact_min_slots`` slots and those columns are a quarter of them.
         """
-        cached = self.draft_cache.get_seq_length() if self.use_drafter else self.num_slots
-        if cached == 0:
-            return
-        region = self.slot_mask[:, :cached]
-        removable = cached - int(region.sum(-1).max())  # slot columns that packing would free
-        if removable == 0 or (not force and (cached < self.compact_min_slots or removable * 4 < cached)):
-            return
-        index = packed_index(region)
-        rest = torch.arange(cached, self.num_slots, device=self.device).expand(len(self.ids), -1)
-        if self.use_drafter:
-            relayout_cache(self.draft_cache, index)
-        relayout_cache(self.target_cache, torch.cat([index, rest], dim=1))
-        self.slot_mask = torch.cat([_take(region, index), self.slot_mask[:, cached:]], dim=1)
+        self.slot_mask = self._pack(self.target_cache, self.slot_mask, force)
+        if self.use_drafter and _initialized(self.draft_cache):
+            self.draft_mask = self._pack(self.draft_cache, self.draft_mask, force)
+
+    def _pack(self, cache: DynamicCache, mask: torch.Tensor, force: bool) -> torch.Tensor:
+        """Right-align every row's valid slots of ``cache``; returns the new mask."""
+        slots = mask.shape[1]
+        removable = slots - int(mask.sum(-1).max()) if slots else 0  # slot columns that packing would free
+        if removable == 0 or (not force and (slots < self.compact_min_slots or removable * 4 < slots)):
+            return mask
+        index = packed_index(mask)
+        relayout_cache(cache, index)
+        return _take(mask, index)
 
     # ----------------------------------------------------------------------------------------------
     # one round
@@ -355,8 +404,11 @@ class SpeculativeBatch:
 
         def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
             tick = timer(device)
-            drafted["hidden"] = draft_block(self.drafter, self.embed, self.last_token, self.pending_hidden, self.pending_pos,
-                                            self.next_pos, self.slot_mask, self.draft_cache)
+            context, context_pos, context_mask = self.pending.take()
+            key_mask = torch.cat([self.draft_mask, context_mask], dim=1)
+            drafted["hidden"] = draft_block(self.drafter, self.embed, self.last_token, context, context_pos,
+                                            self.next_pos, key_mask, self.draft_cache)
+            self.draft_mask = key_mask  # the drafter read the unread context into its cache
             tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
             drafted["seconds"] = timer(device) - tick
             return tokens, top_probs
@@ -366,9 +418,6 @@ class SpeculativeBatch:
         else:  # the policy holds plain steps for this batch size: no look-ups, no drafter
             proposal = self.proposer.no_proposal(self.ids)
         draft_hidden, draft_logits = drafted.get("hidden"), drafted.get("logits")
-        if draft_hidden is not None:  # the drafter read the pending context into its cache
-            self.pending_hidden = self.pending_hidden[:, :0]
-            self.pending_pos = self.pending_pos[:, :0]
         budget = torch.tensor([self.specs[r].max_new_tokens - self.num_new[r] for r in self.ids])
         verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources).cpu().clamp(1, proposal.tokens.shape[1] + 1)
         num_drafts = torch.minimum(torch.minimum(verify_lens - 1, proposal.lengths), budget - 1).clamp_min(0)
@@ -386,11 +435,12 @@ class SpeculativeBatch:
         start = timer(device)
         verify_ids = torch.cat([self.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
         verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
-        out = self.target(
-            input_ids=verify_ids, position_ids=verify_pos,
-            attention_mask=torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1),
-            output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
-        )
+        with sdpa_gqa(device):
+            out = self.target(
+                input_ids=verify_ids, position_ids=verify_pos,
+                attention_mask=torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1),
+                output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+            )
         accept_lengths, next_tokens = self._accept(draft_tokens, out.logits, num_drafts, draft_probs, params, sampled)
         verify_time = timer(device) - start
 
@@ -398,12 +448,11 @@ class SpeculativeBatch:
         keep = int(accept_lengths.max()) + 1
         if keep < g + 1:
             self.target_cache.crop(keep - g - 1)
-        kept = torch.arange(keep, device=device)[None]
-        self.slot_mask = torch.cat([self.slot_mask, (kept <= accept_lengths[:, None]).long()], dim=1)
+        kept = (torch.arange(keep, device=device)[None] <= accept_lengths[:, None]).long()  # (b, keep)
+        self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
         features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
-            self.pending_hidden = torch.cat([self.pending_hidden, features[:, :keep]], dim=1)
-            self.pending_pos = torch.cat([self.pending_pos, verify_pos[:, :keep]], dim=1)
+            self.pending.append(features[:, :keep], verify_pos[:, :keep], kept)
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
 
@@ -497,11 +546,15 @@ def _initialized(cache: DynamicCache) -> bool:
     return bool(cache.layers) and all(layer.is_initialized for layer in cache.layers)
 
 
-def _select_rows(cache: DynamicCache, index: torch.Tensor) -> None:
-    """Keep rows ``index`` of every initialised layer, also at length 0 (``batch_select_indices`` skips those)."""
+def _move_rows(cache: DynamicCache, holes: list[int], movers: list[int], size: int) -> None:
+    """Copy rows ``movers`` of every initialised layer into rows ``holes`` (in place), then keep the first ``size``."""
     for layer in cache.layers:
         if layer.is_initialized:
-            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)
+                if holes:
+                    tensor[holes] = tensor[movers]
+                setattr(layer, name, tensor[:size])
 
 
 def _append_rows(cache: DynamicCache, count: int) -> None:
