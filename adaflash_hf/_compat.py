@@ -36,15 +36,17 @@ _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 @contextmanager
-def sdpa_gqa(device: torch.device):
+def sdpa_gqa(device: torch.device, query_tokens: int):
     """Within the block, CPU SDPA handles grouped-query attention itself instead of copying the cache.
 
-    For verify and prefill forwards (several query tokens, a padding mask) this saves a copy of the
-    keys and values per layer: 15-18 % of a 16-row verify of SmolLM2-135M on a 2-core CPU, 5 % at one
-    row, with bit-identical fp32 logits. Only on CPU: CUDA's fused kernels take no mask with GQA and
-    would fall back to the math kernel. A value the user set is left alone.
+    For verify and prefill forwards (several query tokens per row, a padding mask) this saves a copy
+    of the keys and values per layer: 15-18 % of a 16-row verify of SmolLM2-135M on a 2-core CPU, 5 %
+    at one row, with bit-identical fp32 logits. A forward of one query token per row is left to
+    transformers, which folds the heads instead (forcing GQA there made 16-row steps 1.8x slower).
+    Only on CPU: CUDA's fused kernels take no mask with GQA and would fall back to the math kernel.
+    A value the user set is left alone.
     """
-    if device.type != "cpu" or _FORCE_GQA in os.environ:
+    if device.type != "cpu" or query_tokens < 2 or _FORCE_GQA in os.environ:
         yield
         return
     os.environ[_FORCE_GQA] = "1"

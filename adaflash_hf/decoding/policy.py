@@ -143,11 +143,13 @@ class GoodputVerifyLength:
     def wants_drafts(self, rows: int) -> bool:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
         tokens per second than plain steps (an explored speculative round keeps that evidence fresh,
-        less often the longer it keeps losing), and once every ``refresh_plain_every`` rounds to time
-        a plain step."""
+        less often the longer it keeps losing), right after the first speculative round of a batch
+        size, and once every ``refresh_plain_every`` rounds to time a plain step."""
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
+        if self.rate(bucket, True) is not None and (bucket, False) not in self.realised:
+            return False  # speculated at this size but never timed a plain step here: time one now
         if self.losing(bucket):
             return self._since.get((bucket, True), 0) + 1 >= self._explore.get(bucket, self.explore_every)
         return self.rate(bucket, True) is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every

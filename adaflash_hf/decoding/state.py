@@ -89,7 +89,7 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     block_ids = torch.full((anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device)
     block_ids[:, 0] = anchors
     block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchors.device)
-    with sdpa_gqa(anchors.device):
+    with sdpa_gqa(anchors.device, block_size):
         out = drafter(
             noise_embeds=embed(block_ids),
             context_hidden_states=context,
@@ -282,7 +282,7 @@ class SpeculativeBatch:
             attention_mask[i, width - len(spec.prompt_ids):] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache()
-        with sdpa_gqa(self.device):
+        with sdpa_gqa(self.device, width):
             out = self.target(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True, **{CACHE_KWARG: cache},
@@ -435,7 +435,7 @@ class SpeculativeBatch:
         start = timer(device)
         verify_ids = torch.cat([self.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
         verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
-        with sdpa_gqa(device):
+        with sdpa_gqa(device, g + 1):
             out = self.target(
                 input_ids=verify_ids, position_ids=verify_pos,
                 attention_mask=torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1),
@@ -552,8 +552,8 @@ def _move_rows(cache: DynamicCache, holes: list[int], movers: list[int], size: i
         if layer.is_initialized:
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)
-                if holes:
-                    tensor[holes] = tensor[movers]
+                for hole, mover in zip(holes, movers):
+                    tensor[hole].copy_(tensor[mover])
                 setattr(layer, name, tensor[:size])
 
 
