@@ -102,6 +102,7 @@ class AdaFlashOPD:
         self.version = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._health_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._faults: set[str] = set()
         self._generator = torch.Generator().manual_seed(self.config.seed)
@@ -147,6 +148,10 @@ class AdaFlashOPD:
 
     def check_health(self) -> bool:
         """Whether the worker runs; a dead one is restarted (up to ``max_restarts``) from the last good adapter."""
+        with self._health_lock:  # the engine thread and a supervisor may both ask
+            return self._check_health()
+
+    def _check_health(self) -> bool:
         if self._thread is None or self._thread.is_alive() or self._stop.is_set():
             return self._thread is not None and self._thread.is_alive()
         if self.counters["restarts"] >= self.config.max_restarts:

@@ -166,6 +166,12 @@ def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
+        # the worker takes an injected kill or NaN at its next step, which on a loaded machine can come
+        # after the last request: give it a bounded while, supervised as the engine does between rounds
+        deadline = time.perf_counter() + 60
+        while time.perf_counter() < deadline and not _faults_taken(opd.status(), fault_at):
+            opd.check_health()
+            await asyncio.sleep(0.1)
 
     scheduler.start()
     start = time.perf_counter()
@@ -196,6 +202,11 @@ def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[
     report["passed"] = (not lost and not duplicates and not mismatches and all(e.get("recovered") for e in log)
                         and report["rss_growth_after_warmup_mb"] < 0.1 * after_warmup[0] + 100)
     return report
+
+
+def _faults_taken(status: dict, faults) -> bool:
+    """Whether the worker has met every injected kill (a restart) and NaN (a skipped step)."""
+    return ("kill" not in faults or status["restarts"] >= 1) and ("nan" not in faults or status["nan_steps"] >= 1)
 
 
 def _brief(status: dict) -> dict:
