@@ -289,3 +289,12 @@ def test_a_corrupt_datastore_gets_a_clear_error(tmp_path):
         load_datastore(bad)
     save_datastore([[1, 2, 3]], bad)
     assert load_datastore(bad).num_tokens == 3
+
+
+def test_forget_requests_empties_the_global_index_and_keeps_what_was_measured():
+    state = DraftingState()
+    state.remember([5, 6, 7, 8, 9, 5, 6, 7])
+    state.cost_model.update(4, 0.01)
+    assert state.global_index.num_tokens > 0
+    state.forget_requests()
+    assert state.global_index.num_tokens == 0 and state.cost_model.seconds  # costs stay measured

@@ -291,6 +291,10 @@ class DraftingState:
         """Add a finished request (prompt and output) to the global index."""
         self.global_index.start_stream(tokens)
 
+    def forget_requests(self) -> None:
+        """Empty the global index (earlier requests' text); measured costs and acceptance rates stay."""
+        self.global_index = NGramIndex(self.config.max_ngram, max_tokens=self.config.global_max_tokens)
+
 
 _DEFAULT_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

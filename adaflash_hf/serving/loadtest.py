@@ -190,7 +190,8 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     by_domain = {}
     for domain in args.domains.split(","):
         by_domain[domain] = [r["prompt"] for r in load_prompts(domain.strip(), split="eval").to_list()]
-    mixed = [p for group in zip(*by_domain.values()) for p in group]  # domains interleaved
+    groups = list(by_domain.values())  # domains interleaved, every prompt used (not cut to the smallest domain)
+    mixed = [group[i] for i in range(max(map(len, groups))) for group in groups if i < len(group)]
     schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels), args.target) for m in methods}
     results = []
     print(f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
@@ -208,6 +209,8 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             count = args.requests or max(16, 2 * concurrency)
             prompts = [mixed[(offset + i) % (len(mixed) - 4)] for i in range(count)]
             offset += count
+            for scheduler in schedulers.values():  # no level reuses an earlier level's outputs of the same prompts
+                scheduler.drafting_state.forget_requests()
             for method in methods[level % len(methods):] + methods[: level % len(methods)]:  # rotated: no method always first
                 before = schedulers[method].status()
                 records, seconds, peak = asyncio.run(drive(urls[method], method, prompts, concurrency, args.max_new_tokens))
