@@ -106,7 +106,8 @@ def test_batched_cost_interpolates_along_rows_at_a_measured_width():
 def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explores():
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
-    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8)
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8,
+                                 explore_budget=1.0)
     plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
@@ -122,6 +123,10 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     explored = [i for i, h in enumerate(held) if h]
     assert explored == [2, 10, 26]  # explore_every rounds after the last speculative one; each loss doubles the gap
     assert policy._explore[5] == 16  # (capped at max_explore_every)
+    budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4)  # explore_budget 0.02 of the time
+    budgeted.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
+    budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 50 rounds at most
+    assert budgeted._explore[5] == 50
     assert policy.wants_drafts(4)  # another batch-size bucket: no speculative evidence there yet
     policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
     assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in

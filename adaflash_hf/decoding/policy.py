@@ -12,6 +12,8 @@ came from; it is told what each round cost and accepted, so it can adapt to the 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -103,7 +105,8 @@ class GoodputVerifyLength:
     that proposes nothing, so neither the drafter nor the look-ups are paid for; every
     ``explore_every`` rounds it speculates anyway, to notice when that changes (each explored round that
     loses on its own doubles that interval for its bucket, up to ``max_explore_every``, since an explored
-    round at high load can cost several plain steps; a winning one resets it), and every
+    round at high load can cost several plain steps; at least far enough apart that losing explored rounds
+    waste under ``explore_budget`` of the time; a winning one resets it), and every
     ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
     borrows the nearest bucket's. So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
@@ -116,6 +119,7 @@ class GoodputVerifyLength:
     margin: float = 1.02
     explore_every: int = 16
     max_explore_every: int = 256
+    explore_budget: float = 0.02
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
@@ -181,7 +185,12 @@ class GoodputVerifyLength:
         plain = self.rate(bucket, False)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose on their own
             interval = self._explore.get(bucket, self.explore_every)
-            self._explore[bucket] = min(2 * interval, self.max_explore_every) if tokens / steps * self.margin < plain else self.explore_every
+            if tokens / steps * self.margin < plain:
+                lost = steps - tokens / plain  # plain steps' worth of time this round wasted
+                interval = max(2 * interval, math.ceil(lost / self.explore_budget))  # so exploring costs <= the budget
+                self._explore[bucket] = min(interval, self.max_explore_every)
+            else:
+                self._explore[bucket] = self.explore_every
         sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
         sums[0] += tokens
         sums[1] += steps

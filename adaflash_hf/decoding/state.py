@@ -141,46 +141,44 @@ def pad_left(tensor: torch.Tensor | None, width: int) -> torch.Tensor | None:
 
 
 class PendingContext:
-    """Target features the drafter has not read yet: (b, s, n*H) features, (b, s) positions, (b, s) 0/1 mask.
+    """Target features the drafter has not read yet, per row: chunks of (n, n*H) features and (n,) positions.
 
-    Each round appends a chunk; chunks are joined only when the drafter reads them or rows join or
-    leave, so rounds that skip the drafter pay nothing for the growing context. Past ``max_width``
-    columns the oldest are dropped (the drafter then misses that far context; outputs are unchanged).
+    Only accepted slots are kept (no holes), and each row's chunks live apart from the others', so rows
+    join and leave without touching anyone else's context, and rounds that skip the drafter only
+    append a view per row. :meth:`take` lays them out for the drafter when it runs. Past
+    ``max_width`` tokens a row keeps its newest (the drafter then misses that far context; outputs are
+    unchanged).
     """
 
-    def __init__(self, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, max_width: int = 1024):
-        self.chunks = [(hidden, pos, mask.long())]
+    def __init__(self, max_width: int = 1024):
+        self.rows: dict[Hashable, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.max_width = max_width
 
-    @property
-    def width(self) -> int:
-        return sum(chunk[0].shape[1] for chunk in self.chunks)
+    def add(self, row: Hashable, hidden: torch.Tensor, pos: torch.Tensor) -> None:
+        """Append (n, n*H) features at positions (n,) to ``row``'s unread context."""
+        chunks = self.rows.setdefault(row, [])
+        chunks.append((hidden, pos))
+        if sum(len(c[1]) for c in chunks) > self.max_width:
+            hidden, pos = (torch.cat(parts)[-self.max_width:] for parts in zip(*chunks))
+            self.rows[row] = [(hidden, pos)]
 
-    def joined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if len(self.chunks) > 1:
-            self.chunks = [tuple(torch.cat(parts, dim=1) for parts in zip(*self.chunks))]
-        return self.chunks[0]
+    def drop(self, row: Hashable) -> None:
+        self.rows.pop(row, None)
 
-    def append(self, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
-        self.chunks.append((hidden, pos, mask.long()))
-        if self.width > self.max_width:
-            self.chunks = [tuple(t[:, -self.max_width:] for t in self.joined())]
-
-    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All unread features (joined); leaves the context empty (width 0) for the same rows."""
-        hidden, pos, mask = self.joined()
-        self.chunks = [(hidden[:, :0], pos[:, :0], mask[:, :0])]
+    def take(self, rows: Sequence[Hashable], size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The unread context of ``rows``, left-padded: (b, s, size) features, (b, s) positions, (b, s) 0/1
+        mask; it is then read (emptied). ``like`` gives the features' dtype and device."""
+        joined = [tuple(torch.cat(parts) for parts in zip(*self.rows[row])) if self.rows.get(row) else None for row in rows]
+        width = max((len(j[1]) for j in joined if j is not None), default=0)
+        hidden = like.new_zeros((len(rows), width, size))
+        pos = torch.zeros((len(rows), width), dtype=torch.long, device=like.device)
+        mask = torch.zeros_like(pos)
+        for i, j in enumerate(joined):
+            if j is not None and len(j[1]):
+                n = len(j[1])
+                hidden[i, width - n:], pos[i, width - n:], mask[i, width - n:] = j[0], j[1], 1
+        self.rows = {row: [] for row in rows}
         return hidden, pos, mask
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        self.chunks = [tuple(t.index_select(0, index) for t in self.joined())]
-
-    def add_rows(self, hidden: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> None:
-        """Stack new rows below, both sides left-padded (as holes) to the wider one."""
-        width = max(self.width, hidden.shape[1])
-        mine = (pad_left(t, width) for t in self.joined())
-        theirs = (pad_left(t, width) for t in (hidden, pos, mask.long()))
-        self.chunks = [tuple(torch.cat(pair, dim=0) for pair in zip(mine, theirs))]
 
 
 class SpeculativeBatch:
@@ -227,6 +225,7 @@ class SpeculativeBatch:
         self.compact_min_slots = compact_min_slots
         self.observer = observer
         self.layer_ids = drafter.config.target_layer_ids if self.use_drafter else []
+        self.feature_size = len(self.layer_ids) * target.get_input_embeddings().weight.shape[1]  # n*H
         self.hidden_request = [i + 1 for i in self.layer_ids] if self.use_drafter else None
         self.embed = target.get_input_embeddings()
         self.head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if self.use_drafter else None
@@ -311,7 +310,8 @@ class SpeculativeBatch:
             self.target_cache, self.draft_cache = cache, DynamicCache()
             self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
             self.draft_mask = self.slot_mask.new_zeros(len(specs), 0)
-            self.pending = PendingContext(pending, pending_pos, mask) if self.use_drafter else None
+            self.pending = PendingContext() if self.use_drafter else None
+            self._add_pending(specs, pending, pending_pos, mask)
             return
         self._compact(force=False)
         b_old, b_new, length = len(self.ids), len(specs), mask.shape[1]
@@ -330,10 +330,18 @@ class SpeculativeBatch:
             if _initialized(self.draft_cache):
                 _append_rows(self.draft_cache, b_new)
             self.draft_mask = torch.cat([self.draft_mask, self.draft_mask.new_zeros(b_new, self.draft_mask.shape[1])])
-            self.pending.add_rows(pending, pending_pos, mask)
+            self._add_pending(specs, pending, pending_pos, mask)
         self.next_pos = torch.cat([self.next_pos, next_pos])
         self.last_token = torch.cat([self.last_token, last_token])
         self.ids = self.ids + [s.row_id for s in specs]
+
+    def _add_pending(self, specs, features, positions, mask) -> None:
+        """Each new row's prompt features (its valid slots of the left-padded prefill) become unread context."""
+        if not self.use_drafter:
+            return
+        for i, spec in enumerate(specs):
+            n = int(mask[i].sum())
+            self.pending.add(spec.row_id, features[i, -n:], positions[i, -n:])
 
     @torch.inference_mode()
     def drop_rows(self, row_ids: Sequence[Hashable]) -> None:
@@ -363,7 +371,8 @@ class SpeculativeBatch:
         self.slot_mask, self.next_pos, self.last_token = (t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token))
         if self.use_drafter:
             self.draft_mask = self.draft_mask.index_select(0, index)
-            self.pending.select_rows(index)
+            for row in gone:
+                self.pending.drop(row)
         _move_rows(self.target_cache, holes, movers, size)
         _move_rows(self.draft_cache, holes, movers, size)
 
@@ -404,7 +413,7 @@ class SpeculativeBatch:
 
         def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
             tick = timer(device)
-            context, context_pos, context_mask = self.pending.take()
+            context, context_pos, context_mask = self.pending.take(self.ids, self.feature_size, self.embed.weight)
             key_mask = torch.cat([self.draft_mask, context_mask], dim=1)
             drafted["hidden"] = draft_block(self.drafter, self.embed, self.last_token, context, context_pos,
                                             self.next_pos, key_mask, self.draft_cache)
@@ -452,7 +461,8 @@ class SpeculativeBatch:
         self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
         features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
-            self.pending.append(features[:, :keep], verify_pos[:, :keep], kept)
+            for i, (row, n) in enumerate(zip(self.ids, accept_lengths.tolist())):
+                self.pending.add(row, features[i, :n + 1], verify_pos[i, :n + 1])
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
 
