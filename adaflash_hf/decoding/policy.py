@@ -13,7 +13,6 @@ came from; it is told what each round cost and accepted, so it can adapt to the 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 

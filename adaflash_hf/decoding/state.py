@@ -132,14 +132,6 @@ def shifted_index(batch: int, length: int, offset: int, device) -> torch.Tensor:
     return index
 
 
-def pad_left(tensor: torch.Tensor | None, width: int) -> torch.Tensor | None:
-    """Left-pad dim 1 of a (b, s, ...) tensor with zeros to ``width``."""
-    if tensor is None or tensor.shape[1] == width:
-        return tensor
-    pad = tensor.new_zeros((tensor.shape[0], width - tensor.shape[1], *tensor.shape[2:]))
-    return torch.cat([pad, tensor], dim=1)
-
-
 class PendingContext:
     """Target features the drafter has not read yet, per row: chunks of (n, n*H) features and (n,) positions.
 
