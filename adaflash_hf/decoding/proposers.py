@@ -254,7 +254,7 @@ class DraftingState:
     def __init__(self, config: DraftingConfig | None = None):
         self.config = config or DraftingConfig()
         self.estimator = AcceptanceEstimator()
-        self.global_index = NGramIndex(self.config.max_ngram, max_tokens=self.config.global_max_tokens)
+        self.forget_requests()  # the global index starts empty
         self.cost_model = VerifyCostModel()  # seconds per target forward by new tokens, measured as rounds run
         self.policy = GoodputVerifyLength(cost_model=self.cost_model)
         self.drafter_value: float | None = None  # moving average of drafts a drafter block got accepted

@@ -144,24 +144,26 @@ class PendingContext:
 
     def __init__(self, max_width: int = 1024):
         self.rows: dict[Hashable, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.widths: dict[Hashable, int] = {}  # unread tokens per row
         self.max_width = max_width
 
     def add(self, row: Hashable, hidden: torch.Tensor, pos: torch.Tensor) -> None:
         """Append (n, n*H) features at positions (n,) to ``row``'s unread context."""
-        chunks = self.rows.setdefault(row, [])
-        chunks.append((hidden, pos))
-        if sum(len(c[1]) for c in chunks) > self.max_width:
-            hidden, pos = (torch.cat(parts)[-self.max_width:] for parts in zip(*chunks))
-            self.rows[row] = [(hidden, pos)]
+        self.rows.setdefault(row, []).append((hidden, pos))
+        self.widths[row] = self.widths.get(row, 0) + len(pos)
+        if self.widths[row] > self.max_width:
+            hidden, pos = (torch.cat(parts)[-self.max_width:] for parts in zip(*self.rows[row]))
+            self.rows[row], self.widths[row] = [(hidden, pos)], self.max_width
 
     def drop(self, row: Hashable) -> None:
         self.rows.pop(row, None)
+        self.widths.pop(row, None)
 
     def take(self, rows: Sequence[Hashable], size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The unread context of ``rows``, left-padded: (b, s, size) features, (b, s) positions, (b, s) 0/1
         mask; it is then read (emptied). ``like`` gives the features' dtype and device."""
         joined = [tuple(torch.cat(parts) for parts in zip(*self.rows[row])) if self.rows.get(row) else None for row in rows]
-        width = max((len(j[1]) for j in joined if j is not None), default=0)
+        width = max((self.widths.get(row, 0) for row in rows), default=0)
         hidden = like.new_zeros((len(rows), width, size))
         pos = torch.zeros((len(rows), width), dtype=torch.long, device=like.device)
         mask = torch.zeros_like(pos)
@@ -169,7 +171,7 @@ class PendingContext:
             if j is not None and len(j[1]):
                 n = len(j[1])
                 hidden[i, width - n:], pos[i, width - n:], mask[i, width - n:] = j[0], j[1], 1
-        self.rows = {row: [] for row in rows}
+        self.rows, self.widths = {row: [] for row in rows}, {row: 0 for row in rows}
         return hidden, pos, mask
 
 
@@ -446,20 +448,21 @@ class SpeculativeBatch:
         verify_time = timer(device) - start
 
         # Crop: keep slots up to the best row's acceptance; the rest of each row becomes a hole.
-        keep = int(accept_lengths.max()) + 1
+        accepted_list = accept_lengths.tolist()
+        keep = max(accepted_list) + 1
         if keep < g + 1:
             self.target_cache.crop(keep - g - 1)
         kept = (torch.arange(keep, device=device)[None] <= accept_lengths[:, None]).long()  # (b, keep)
         self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
         features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
-            for i, (row, n) in enumerate(zip(self.ids, accept_lengths.tolist())):
+            for i, (row, n) in enumerate(zip(self.ids, accepted_list)):
                 self.pending.add(row, features[i, :n + 1], verify_pos[i, :n + 1])
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
 
         # Learn from the round, then hand out the tokens.
-        accepted_list, drafts_list = accept_lengths.tolist(), num_drafts.tolist()
+        drafts_list = num_drafts.tolist()
         self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"), rows=len(accepted_list))
         sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
         if self.on_round is not None:
