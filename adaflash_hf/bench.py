@@ -4,6 +4,7 @@ Methods (each prompt runs every method back to back, so machine noise hits all o
 - ``target``: plain ``generate`` of the target, the 1.0x reference;
 - ``adaflash``: adaflash-hf's engine in its default configuration (hybrid drafting: drafter block,
   suffix matches and the global index, with the goodput verify length);
+- ``adaflash-chain``: the default sources, but each round verifies only the best candidate (no draft tree);
 - ``adaflash-drafter``, ``adaflash-suffix``, ``adaflash-global``, ``adaflash-datastore``: the engine
   with one draft source alone (the drafter's block; the prompt and output so far; earlier requests;
   the drafter's datastore of the target's own outputs);
@@ -34,7 +35,7 @@ from .targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("target", "adaflash", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
+METHODS = ("target", "adaflash", "adaflash-chain", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
            "prompt-lookup", "assisted", "dflash-builtin")
 POSITIONS = 16  # draft positions whose acceptance is recorded (covers the block and suffix matches)
 SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global", "adaflash-datastore": "datastore"}
@@ -196,7 +197,7 @@ def run_bench(args: BenchArgs) -> int:
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     methods = args.method_list
     bases = {m.partition("@")[0] for m in methods}
-    needs_drafter = {"adaflash", "adaflash-drafter", "adaflash-datastore", "dflash-builtin"} & bases
+    needs_drafter = {"adaflash", "adaflash-chain", "adaflash-drafter", "adaflash-datastore", "dflash-builtin"} & bases
     drafter = load_drafter(args.drafter, target, target_name=args.target) if needs_drafter else None
     assistant = None
     if "assisted" in bases:
@@ -210,7 +211,8 @@ def run_bench(args: BenchArgs) -> int:
     draftings, policies = {}, {}
     for m in states:
         base, _, verify_arg = m.partition("@")
-        draftings[m] = DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF else DraftingConfig()
+        draftings[m] = (DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF
+                        else DraftingConfig(tree_nodes=0) if base == "adaflash-chain" else DraftingConfig())
         verify_len = int(verify_arg) if verify_arg else args.verify_len
         if verify_len:
             check_verify_len(verify_len, drafter, draftings[m])

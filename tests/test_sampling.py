@@ -88,18 +88,21 @@ def test_sampling_params_validation():
         SamplingParams(do_sample=True, top_p=1.5)
 
 
-@pytest.mark.parametrize("mode", ["drafter-argmax", "drafter-sampled", "suffix", "hybrid"])
+@pytest.mark.parametrize("mode", ["drafter-argmax", "drafter-sampled", "suffix", "hybrid", "tree"])
 def test_engine_sampling_reproduces_target_distribution(mode):
     """End to end: the engine's (x1, x2, x3) over many rows follows the target's own sampling law,
-    whichever source the drafts came from (a drafter's argmax or sampled block, suffix matches, or both)."""
+    whichever source the drafts came from (a drafter's argmax or sampled block, suffix matches, or both,
+    as a chain or, with one-hot drafts, as a draft tree)."""
     from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, generate
 
-    from conftest import OracleDrafter, drafter_only, greedy_reference, tiny_target
+    from conftest import VOCAB, OracleDrafter, drafter_only, greedy_reference, tiny_target
 
     target = tiny_target("llama", seed=7)
     prompt = [5, 9, 14, 20]
-    if mode in ("suffix", "hybrid"):  # the target's own greedy loop (38, 24, 38, 24, ...) gives suffix matches
+    if mode in ("suffix", "hybrid", "tree"):  # the target's own greedy loop (38, 24, 38, 24, ...) gives suffix matches
         prompt = greedy_reference(target, prompt, 6, eos=False)
+    if mode == "tree":  # each likely x1 (a superset of the support) followed by two different tokens: the suffix index branches
+        prompt = [u for t in (5, 9, 16, 23, 24, 25, 29, 38) for u in (t, 4 + (t + 1) % (VOCAB - 4), t, 4 + (t + 2) % (VOCAB - 4))] + prompt
     drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
     oracle = OracleDrafter(drafter.config).setup(target, {0: greedy_reference(target, prompt, 12, eos=False)}, 0.3).eval()
     params = SamplingParams(do_sample=True, temperature=1.5, top_k=3)
@@ -111,13 +114,14 @@ def test_engine_sampling_reproduces_target_distribution(mode):
         choice = dict(drafting=DraftingConfig.only("suffix") if mode == "suffix" else DraftingConfig(global_index=False),
                       verify_policy=FixedVerifyLength(), drafting_state=DraftingState())
     out = generate(target, oracle if mode != "suffix" else None, ids, torch.ones_like(ids), max_new_tokens=3, do_sample=True,
-                   temperature=1.5, top_k=3, top_p=None, eos_token_id=None, draft_sampling=mode != "drafter-argmax",
+                   temperature=1.5, top_k=3, top_p=None, eos_token_id=None, draft_sampling=mode not in ("drafter-argmax", "tree"),
                    generator=torch.Generator().manual_seed(3), **choice)
-    assert out.accept_rate > 0.05  # the drafts were really accepted some of the time
-    if mode != "suffix":
+    assert out.accept_rate > (0.02 if mode == "tree" else 0.05)  # drafts were really accepted (a tree verifies more of them)
+    if mode not in ("suffix", "tree"):
         assert any(s == "drafter" for r in out.stats.rounds for s in r.sources)
-    if mode != "drafter-argmax" and mode != "drafter-sampled":
+    if mode in ("suffix", "hybrid"):
         assert out.stats.source_counts()["suffix"][1] > 0  # suffix drafts were accepted
+    assert any(r.tree for r in out.stats.rounds) == (mode == "tree")  # sampled drafter blocks are verified as chains
     new = out.sequences[:, len(prompt):]  # (rows, 3)
 
     with torch.no_grad():

@@ -134,13 +134,13 @@ def _drafter_blocks(batch: SpeculativeBatch) -> dict:
     blocks: dict = {}
     propose = batch.proposer.propose
 
-    def recording(ids, run_drafter):
+    def recording(ids, run_drafter, **kwargs):
         def run():
             tokens, probs = run_drafter()
             for row, block in zip(ids, tokens.tolist()):
                 blocks.setdefault(row, []).append(block)
             return tokens, probs
-        return propose(ids, run if run_drafter is not None else None)
+        return propose(ids, run if run_drafter is not None else None, **kwargs)
 
     batch.proposer.propose = recording
     return blocks

@@ -13,7 +13,8 @@ class RoundStats:
 
     rows: original batch indices of the active rows; accept_lengths: drafts accepted per row (the
     bonus token not counted); verify_lens: tokens verified per row (anchor + drafts); sources: where
-    each row's drafts came from ("drafter", "suffix", "global", or "none" for a plain step).
+    each row's drafts came from ("drafter", "suffix", "global", or "none" for a plain step); tree:
+    whether the round verified draft trees (several candidates per row) rather than chains.
     """
 
     rows: list[int]
@@ -22,6 +23,7 @@ class RoundStats:
     draft_time: float
     verify_time: float
     sources: list[str] = field(default_factory=list)
+    tree: bool = False
 
 
 @dataclass

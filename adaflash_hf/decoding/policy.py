@@ -30,7 +30,9 @@ class VerifyLengthPolicy(Protocol):
     ) -> torch.Tensor:
         """rates (b, m) estimated P(accept draft k | drafts < k accepted), 0 past a row's proposal;
         draft_hidden_states (b, B, H) or None when no drafter ran; sources per row ("drafter", "suffix",
-        "global", "datastore" or "none"), None when unknown -> verify_len (b,) long in [1, m + 1]."""
+        "global", "datastore", "tree" for a draft tree of several sources, or "none"), None when unknown
+        -> verify_len (b,) long in [1, m + 1]. A draft tree's rates are those of its nodes in order
+        (:func:`~.tree.chain_rates`), so a verify length keeps its likeliest nodes."""
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
         """Feedback after a round: accepted drafts (b,), verify lengths (b,), and the seconds the whole

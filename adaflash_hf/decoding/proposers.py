@@ -31,10 +31,12 @@ import torch.nn.functional as F
 
 from .cost import VerifyCostModel
 from .policy import GoodputVerifyLength
+from .tree import build_tree, chain_rates
 
 SOURCES = ("drafter", "suffix", "global", "datastore")
 DATASTORE_FILE = "datastore.safetensors"
 NONE = "none"
+TREE = "tree"  # the source of a proposal whose tree merges candidates of several sources
 
 
 @dataclass
@@ -48,6 +50,8 @@ class DraftingConfig:
     max_ngram: int = field(default=4, metadata={"help": "Longest n-gram matched against the history (backs off to 1)."})
     max_suffix_tokens: int = field(default=16, metadata={"help": "Longest continuation a suffix match proposes."})
     global_max_tokens: int = field(default=262_144, metadata={"help": "Tokens the global index keeps (oldest requests are evicted first)."})
+    tree_nodes: int = field(default=16, metadata={"help": "Most draft tokens a row verifies per round as a tree that merges its candidates (the batched engine); 0 verifies the single best candidate."})
+    branches: int = field(default=2, metadata={"help": "Continuations each suffix index offers to the tree: the most frequent, then the runner-up next tokens."})
 
     def __post_init__(self) -> None:
         if self.max_ngram < 1 or self.max_suffix_tokens < 1 or self.global_max_tokens < 1:
@@ -55,6 +59,8 @@ class DraftingConfig:
                 f"max_ngram ({self.max_ngram}), max_suffix_tokens ({self.max_suffix_tokens}) and global_max_tokens "
                 f"({self.global_max_tokens}) must all be >= 1."
             )
+        if self.tree_nodes < 0 or self.branches < 1:
+            raise ValueError(f"tree_nodes ({self.tree_nodes}) must be >= 0 and branches ({self.branches}) >= 1.")
         if not (self.drafter or self.suffix or self.global_index or self.datastore):
             raise ValueError("DraftingConfig switches every source off; enable at least one of drafter, suffix, global_index, datastore.")
 
@@ -132,21 +138,47 @@ class NGramIndex:
 
     def propose(self, context: Sequence[int], max_len: int) -> tuple[list[int], list[tuple[int, int, int, bool]]]:
         """The most frequent continuation of ``context`` (up to ``max_len`` tokens) and each token's feature."""
+        return self.propose_branches(context, max_len, 1)[0]
+
+    def propose_branches(self, context: Sequence[int], max_len: int, branches: int) -> list[tuple[list[int], list[tuple]]]:
+        """Up to ``branches`` continuations of ``context``: the most frequent one first, then ones that start
+        with the runner-up next tokens of the longest matching n-gram and go on with the most frequent."""
         window = list(context[-self.max_n :])
+        n, counts = self._longest_match(window)
+        if counts is None or max_len < 1:
+            return [([], [])]
+        total = sum(counts.values())
+        firsts = sorted(counts.items(), key=lambda kv: -kv[1])[:branches]
+        out = []
+        for token, count in firsts:
+            tokens, features = [token], [(0, n, min(count, 3), count == total)]
+            tail = window[1:] + [token] if len(window) >= self.max_n else window + [token]
+            more, more_features = self._follow(tail, max_len - 1, start=1)
+            out.append((tokens + more, features + more_features))
+        return out
+
+    def _longest_match(self, window: list[int]) -> tuple[int, dict[int, int] | None]:
+        for n in range(min(self.max_n, len(window)), 0, -1):
+            counts = self._next.get(tuple(window[-n:]))
+            if counts:
+                return n, counts
+        return 0, None
+
+    def _follow(self, window: list[int], max_len: int, start: int = 0) -> tuple[list[int], list[tuple]]:
+        """The most frequent continuation from ``window``; features count positions from ``start``."""
+        window = list(window[-self.max_n :])
         tokens: list[int] = []
         features: list[tuple[int, int, int, bool]] = []
         while len(tokens) < max_len:
-            for n in range(min(self.max_n, len(window)), 0, -1):
-                counts = self._next.get(tuple(window[-n:]))
-                if counts:
-                    break
-            else:
+            n, counts = self._longest_match(window)
+            if counts is None:
                 break
             token, count = max(counts.items(), key=lambda kv: kv[1])
-            features.append((min(len(tokens), 2), n, min(count, 3), count == sum(counts.values())))
+            features.append((min(start + len(tokens), 2), n, min(count, 3), count == sum(counts.values())))
             tokens.append(token)
             window.append(token)
-            del window[0]
+            if len(window) > self.max_n:
+                del window[0]
         return tokens, features
 
 
@@ -232,7 +264,12 @@ class Proposal:
 
     tokens (b, m) long, padded with 0 past each row's ``lengths``; rates (b, m) the estimated
     conditional acceptance of each token (0 past the end); sources the source per row ("none" when a
-    row has no candidate); features per row, for the estimator's update after verification.
+    row has no candidate, "tree" when its tree merges several sources); features per row, for the
+    estimator's update after verification.
+
+    A tree proposal (:mod:`.tree`) also has parents (b, m), each node's parent slot (0: the anchor, j + 1:
+    node j), and node_sources, the source of each node; its rates are :func:`~.tree.chain_rates` of the
+    nodes' reach probabilities, so a verify length truncates the tree as it truncates a chain.
     """
 
     tokens: torch.Tensor
@@ -240,6 +277,8 @@ class Proposal:
     lengths: torch.Tensor
     sources: list[str]
     features: list[list[tuple]]
+    parents: torch.Tensor | None = None
+    node_sources: list[list[str]] | None = None
 
 
 class DraftingState:
@@ -342,6 +381,9 @@ class HybridProposer:
             raise ValueError("no draft source is left: pass a drafter, or enable suffix, global_index or a datastore in DraftingConfig.")
         matches = config.suffix or config.global_index or self.datastore is not None
         self.max_len = max((block_size or 1) - 1, config.max_suffix_tokens if matches else 0)  # longest proposal
+        indices = int(config.suffix) + int(config.global_index) + int(self.datastore is not None)
+        # a tree needs two candidates to merge: a lone drafter block stays a chain
+        self.trees = config.tree_nodes > 0 and indices * config.branches + int(block_size is not None) > 1
         self.rows: dict[int, NGramIndex] = {}  # per-request suffix index over prompt + output
         self.history: dict[int, list[int]] = {}
         self._options: dict[int, list[tuple[str, list[int], list[tuple]]]] = {}  # this round's candidates per row
@@ -364,24 +406,30 @@ class HybridProposer:
             self.state.remember(history)
         self.rows.pop(row, None)
 
-    def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None) -> Proposal:
-        """Choose, per row, the candidate with the most expected accepted drafts.
+    def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None,
+                tree: bool = False, max_depths: Sequence[int] | None = None) -> Proposal:
+        """Choose, per row, the candidate with the most expected accepted drafts, or (``tree``) merge them.
 
         ``run_drafter()`` drafts a block for every row and returns its target ids (b, B-1) and top-1
         probabilities (b, B-1); None without a drafter. It is called only when the drafter's expected
         extra accepted tokens pay for its measured cost (:meth:`DraftingState.drafter_pays`); otherwise
         the round skips it and its context waits for the next round that runs it.
+
+        With ``tree``, every candidate (each index also offers ``DraftingConfig.branches`` continuations)
+        goes into one draft tree per row of at most ``DraftingConfig.tree_nodes`` nodes and
+        ``max_depths[i]`` levels (:func:`~.tree.build_tree`), for an engine that verifies trees.
         """
+        branches = self.config.branches if tree else 1
         options_per_row = []
         for row in row_ids:
             options = []
             history = self.history[row]
-            if self.config.suffix:
-                options.append(("suffix", *self.rows[row].propose(history, self.config.max_suffix_tokens)))
-            if self.config.global_index and self.state.global_index.num_tokens:
-                options.append(("global", *self.state.global_index.propose(history, self.config.max_suffix_tokens)))
-            if self.datastore is not None:
-                options.append(("datastore", *self.datastore.propose(history, self.config.max_suffix_tokens)))
+            indices = [("suffix", self.rows.get(row)),
+                       ("global", self.state.global_index if self.config.global_index and self.state.global_index.num_tokens else None),
+                       ("datastore", self.datastore)]
+            for source, index in indices:
+                if index is not None:
+                    options.extend((source, *branch) for branch in index.propose_branches(history, self.config.max_suffix_tokens, branches))
             options_per_row.append(options)
         if run_drafter is not None:
             best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
@@ -390,9 +438,11 @@ class HybridProposer:
                 for i, options in enumerate(options_per_row):
                     features = [drafter_feature(k, p) for k, p in enumerate(block_probs[i])]
                     options.insert(0, ("drafter", block_tokens[i], features))
+        self._options = dict(zip(row_ids, options_per_row))
+        if tree:
+            return self._tree_proposal(options_per_row, max_depths or [self.max_len] * len(row_ids))
         chosen: list[tuple[str, list[int], list[tuple], list[float]]] = []
-        self._options = {}
-        for row, options in zip(row_ids, options_per_row):
+        for options in options_per_row:
             best, best_value = (NONE, [], [], []), 0.0
             for option in options:
                 value, rates = self._value(option)
@@ -400,7 +450,6 @@ class HybridProposer:
                     source, tokens, features = option
                     best, best_value = (source, tokens[: self.max_len], features[: self.max_len], rates), value
             chosen.append(best)
-            self._options[row] = options
         width = max((len(c[1]) for c in chosen), default=0)
         tokens = torch.zeros(len(row_ids), width, dtype=torch.long)
         rates = torch.zeros(len(row_ids), width)
@@ -409,6 +458,26 @@ class HybridProposer:
             rates[i, : len(row_rates)] = torch.tensor(row_rates)
         lengths = torch.tensor([len(c[1]) for c in chosen], dtype=torch.long)
         return Proposal(tokens, rates, lengths, [c[0] for c in chosen], [c[2] for c in chosen])
+
+    def _tree_proposal(self, options_per_row, max_depths: Sequence[int]) -> Proposal:
+        trees, node_sources = [], []
+        for options, depth in zip(options_per_row, max_depths):
+            candidates = [(option[1], self._value(option)[1]) for option in options]
+            row_tree = build_tree(candidates, self.config.tree_nodes, min(depth, self.max_len))
+            trees.append(row_tree)
+            node_sources.append([options[o][0] for o in row_tree.origins])
+        width = max((len(t) for t in trees), default=0)
+        b = len(trees)
+        tokens, parents = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long)
+        rates = torch.zeros(b, width)
+        for i, row_tree in enumerate(trees):
+            n = len(row_tree)
+            tokens[i, :n] = torch.tensor(row_tree.tokens, dtype=torch.long)
+            parents[i, :n] = torch.tensor(row_tree.parents, dtype=torch.long)
+            rates[i, :n] = torch.tensor(chain_rates(row_tree.probs))
+        lengths = torch.tensor([len(t) for t in trees], dtype=torch.long)
+        sources = [NONE if not ns else ns[0] if len(set(ns)) == 1 else TREE for ns in node_sources]
+        return Proposal(tokens, rates, lengths, sources, [[] for _ in trees], parents=parents, node_sources=node_sources)
 
     def no_proposal(self, row_ids: list[int]) -> Proposal:
         """An empty proposal (every row takes a plain step), made without looking anything up."""

@@ -43,6 +43,7 @@ from .proposers import (
 )
 from .recording import RoundObserver
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_accept, sample
+from .tree import is_chain, tree_accept, tree_attention_mask
 
 GREEDY = SamplingParams()
 
@@ -99,6 +100,22 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
         )
     cache.crop(-block_size)  # keep the context, drop the block
     return out.last_hidden_state
+
+
+def proposal_depths(parents: torch.Tensor) -> torch.Tensor:
+    """(b, g) parent slots -> (b, g + 1) depth of every verify slot (0 for the anchor)."""
+    depths = torch.zeros(parents.shape[0], parents.shape[1] + 1, dtype=torch.long, device=parents.device)
+    for j in range(parents.shape[1]):  # parents come before their children
+        depths[:, j + 1] = depths.gather(1, parents[:, j:j + 1]).squeeze(1) + 1
+    return depths
+
+
+def path_sources(proposal, paths: list[list[int]], num_drafts: list[int]) -> list[str]:
+    """Where each row's accepted drafts came from: the source of its deepest accepted node (of its
+    best node when it accepted none); "none" for a row that verified no drafts."""
+    if proposal.node_sources is None:
+        return [s if n else NONE for s, n in zip(proposal.sources, num_drafts)]
+    return [NONE if not n else nodes[path[-1] - 1] if path else nodes[0] for nodes, path, n in zip(proposal.node_sources, paths, num_drafts)]
 
 
 def relayout_cache(cache: DynamicCache, index: torch.Tensor) -> None:
@@ -416,65 +433,88 @@ class SpeculativeBatch:
             drafted["seconds"] = timer(device) - tick
             return tokens, top_probs
 
+        params = [self.specs[r].params for r in self.ids]
+        sampled = [i for i, p in enumerate(params) if p.do_sample]
+        budget = torch.tensor([self.specs[r].max_new_tokens - self.num_new[r] for r in self.ids])
+        # Trees need one-hot drafts; a sampled drafter block (q known) is verified as a chain with min(1, p/q).
+        tree = self.proposer.trees and not (sampled and self.draft_sampling)
         if wants_drafts(self.policy, len(self.ids)):
-            proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None)
+            proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None,
+                                             tree=tree, max_depths=(budget - 1).tolist())
         else:  # the policy holds plain steps for this batch size: no look-ups, no drafter
             proposal = self.proposer.no_proposal(self.ids)
         draft_hidden, draft_logits = drafted.get("hidden"), drafted.get("logits")
-        budget = torch.tensor([self.specs[r].max_new_tokens - self.num_new[r] for r in self.ids])
         verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources).cpu().clamp(1, proposal.tokens.shape[1] + 1)
-        num_drafts = torch.minimum(torch.minimum(verify_lens - 1, proposal.lengths), budget - 1).clamp_min(0)
+        # A chain verifies at most the row's remaining budget; a tree's depth is capped by it already.
+        longest = proposal.lengths if proposal.parents is not None else torch.minimum(proposal.lengths, budget - 1)
+        num_drafts = torch.minimum(verify_lens - 1, longest).clamp_min(0)
         g = int(num_drafts.max())
         draft_tokens = proposal.tokens[:, :g].to(device)
-        params = [self.specs[r].params for r in self.ids]
-        sampled = [i for i, p in enumerate(params) if p.do_sample]
+        parents = None if proposal.parents is None or is_chain(proposal.parents[:, :g], num_drafts) else proposal.parents[:, :g].to(device)
         draft_probs = None
         if sampled and self.draft_sampling and g:
             draft_tokens, draft_probs = self._sample_drafter_rows(proposal.sources, draft_tokens, draft_logits, params)
         num_drafts = num_drafts.to(device)
         draft_time = timer(device) - start
 
-        # Verify: one target pass over [anchor, drafts] for every row.
+        # Verify: one target pass over [anchor, drafts] for every row; a tree's nodes see only their ancestors.
         start = timer(device)
         verify_ids = torch.cat([self.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
-        verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
+        if parents is None:
+            verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
+            attention_mask = torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1)  # (b, S + g + 1)
+        else:
+            depths = proposal_depths(parents)  # (b, g + 1), 0 for the anchor
+            verify_pos = self.next_pos[:, None] + depths
+            attention_mask = tree_attention_mask(self.slot_mask, parents, self.target.dtype)  # (b, 1, g + 1, S + g + 1)
         with sdpa_gqa(device, g + 1):
             out = self.target(
-                input_ids=verify_ids, position_ids=verify_pos,
-                attention_mask=torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1),
+                input_ids=verify_ids, position_ids=verify_pos, attention_mask=attention_mask,
                 output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
             )
-        accept_lengths, next_tokens = self._accept(draft_tokens, out.logits, num_drafts, draft_probs, params, sampled)
+        if parents is None:
+            accept_lengths, next_tokens = self._accept(draft_tokens, out.logits, num_drafts, draft_probs, params, sampled)
+            paths = [list(range(1, n + 1)) for n in accept_lengths.tolist()]
+        else:
+            paths, next_tokens = tree_accept(draft_tokens, parents, out.logits, num_drafts, params, self.generator)
+            accept_lengths = torch.tensor([len(p) for p in paths], device=device)
         verify_time = timer(device) - start
 
-        # Crop: keep slots up to the best row's acceptance; the rest of each row becomes a hole.
+        # Crop: keep slots up to the furthest accepted one; the rest of each row becomes a hole.
         accepted_list = accept_lengths.tolist()
-        keep = max(accepted_list) + 1
+        slots = [[0, *path] for path in paths]  # per row, the verify slots that hold accepted tokens
+        keep = max(max(row) for row in slots) + 1
         if keep < g + 1:
             self.target_cache.crop(keep - g - 1)
-        kept = (torch.arange(keep, device=device)[None] <= accept_lengths[:, None]).long()  # (b, keep)
+        kept = torch.zeros(len(slots), keep, dtype=torch.long, device=device)  # (b, keep)
+        for i, row in enumerate(slots):
+            kept[i, row] = 1
         self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
         features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
-            for i, (row, n) in enumerate(zip(self.ids, accepted_list)):
-                self.pending.add(row, features[i, :n + 1], verify_pos[i, :n + 1])
+            for i, (row, index) in enumerate(zip(self.ids, slots)):
+                self.pending.add(row, features[i, index], verify_pos[i, index])
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
 
         # Learn from the round, then hand out the tokens.
         drafts_list = num_drafts.tolist()
         self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"), rows=len(accepted_list))
-        sources = [s if n else NONE for s, n in zip(proposal.sources, drafts_list)]
+        sources = path_sources(proposal, paths, drafts_list)
         if self.on_round is not None:
-            self.on_round(RoundStats(list(self.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources))
-        accepted = torch.cat([draft_tokens, next_tokens[:, None]], dim=1).tolist()
-        chunks = [accepted[i][:n] + [t] for i, (n, t) in enumerate(zip(accepted_list, next_tokens.tolist()))]
+            self.on_round(RoundStats(list(self.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources,
+                                    tree=parents is not None))
+        tokens_list = draft_tokens.tolist()
+        chunks = [[tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))]
         self.proposer.record(self.ids, chunks)
         updates = self._emit(list(self.ids), chunks, sources)
         if self.observer is not None:
+            parents_list = None if parents is None else parents.tolist()
             for i, (update, n) in enumerate(zip(updates, drafts_list)):
-                m = len(update.tokens)
-                self.observer.on_round(update.row_id, None if features is None else features[i, :m], out.logits[i, :m],
+                index = slots[i][: len(update.tokens)]
+                if parents_list is not None:  # along the path: its drafts, plus one more if the last node's children were rejected
+                    n = len(paths[i]) + int(slots[i][-1] in parents_list[i][:n])
+                self.observer.on_round(update.row_id, None if features is None else features[i, index], out.logits[i, index],
                                        update.tokens, n, update.source)
         self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start)  # the whole round's time
         self._drop_finished(updates)
