@@ -51,7 +51,7 @@ class DraftingConfig:
     max_suffix_tokens: int = field(default=16, metadata={"help": "Longest continuation a suffix match proposes."})
     global_max_tokens: int = field(default=262_144, metadata={"help": "Tokens the global index keeps (oldest requests are evicted first)."})
     tree_nodes: int = field(default=16, metadata={"help": "Most draft tokens a row verifies per round as a tree that merges its candidates (the batched engine); 0 verifies the single best candidate."})
-    branches: int = field(default=2, metadata={"help": "Continuations each suffix index offers to the tree: the most frequent, then the runner-up next tokens."})
+    branches: int = field(default=3, metadata={"help": "Continuations each suffix index offers to the tree: the most frequent, then the runner-up next tokens."})
 
     def __post_init__(self) -> None:
         if self.max_ngram < 1 or self.max_suffix_tokens < 1 or self.global_max_tokens < 1:
