@@ -157,7 +157,7 @@ def test_ngram_branches_start_with_the_runner_up_tokens():
     branches = index.propose_branches([9, 1, 2], max_len=3, branches=3)
     assert [b[0] for b in branches] == [[3, 4, 1], [5, 6]]  # the most frequent next token first, then the runner-up
     assert branches[0][0] == index.propose([9, 1, 2], 3)[0]
-    assert branches[1][1][0] == (0, 2, 1, False)  # its first token: position 0, a 2-gram seen once, not unanimous
+    assert branches[1][1][0] == (0, 2, 1, False, 1)  # its first token: position 0, a 2-gram seen once, not unanimous, rank 1
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -168,12 +168,13 @@ def test_engine_verifies_trees_losslessly(arch):
     motifs = [[5, 6, 7, 8, 5, 6, 9, 10, 5, 6, 7, 11, 5, 6], [20, 21, 22, 20, 21, 23, 20, 21], [30, 31, 32, 33]]
     prompts = [greedy_reference(target, m, 8, eos=False) + m for m in motifs]  # the target's own loops, then the motif
     ids, mask = left_pad(prompts)
-    rounds = []
     out = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
                    drafting=DraftingConfig(global_index=False), verify_policy=FixedVerifyLength(),
                    drafting_state=DraftingState())
     rounds = out.stats.rounds
     assert any(r.tree for r in rounds)  # trees were really verified
+    for r in (r for r in rounds if r.tree):  # drafts checked along the accepted path: the accepted ones, plus at most the one rejected below them
+        assert all(a <= c <= min(a + 1, v - 1) for a, c, v in zip(r.accept_lengths, r.checked, r.verify_lens))
     for i, prompt in enumerate(prompts):
         new = out.sequences[i, ids.shape[1]: ids.shape[1] + out.num_new_tokens[i]].tolist()
         assert new == greedy_reference(target, prompt, 24, eos=False)[len(prompt):]

@@ -14,7 +14,9 @@ class RoundStats:
     rows: original batch indices of the active rows; accept_lengths: drafts accepted per row (the
     bonus token not counted); verify_lens: tokens verified per row (anchor + drafts); sources: where
     each row's drafts came from ("drafter", "suffix", "global", or "none" for a plain step); tree:
-    whether the round verified draft trees (several candidates per row) rather than chains.
+    whether the round verified draft trees (several candidates per row) rather than chains; checked:
+    per row, the drafts verified along its accepted path (a tree's accepted depth, plus one where a draft
+    below it was rejected; a chain's verified drafts), None meaning ``verify_lens - 1``.
     """
 
     rows: list[int]
@@ -24,6 +26,7 @@ class RoundStats:
     verify_time: float
     sources: list[str] = field(default_factory=list)
     tree: bool = False
+    checked: list[int] | None = None
 
 
 @dataclass
@@ -74,8 +77,9 @@ class SpeculativeStats:
         accepting drafts 1..k-1, hits_k of them also accepted draft k. Pool these across runs."""
         hits, seen = [0] * max_positions, [0] * max_positions
         for r in self.rounds:
-            for a, v in zip(r.accept_lengths, r.verify_lens):
-                for k in range(min(v - 1, max_positions)):
+            checked = r.checked if r.checked is not None else [v - 1 for v in r.verify_lens]
+            for a, c in zip(r.accept_lengths, checked):
+                for k in range(min(c, max_positions)):
                     if k > a:
                         break
                     seen[k] += 1

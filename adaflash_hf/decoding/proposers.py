@@ -150,8 +150,9 @@ class NGramIndex:
         total = sum(counts.values())
         firsts = sorted(counts.items(), key=lambda kv: -kv[1])[:branches]
         out = []
-        for token, count in firsts:
-            tokens, features = [token], [(0, n, min(count, 3), count == total)]
+        for rank, (token, count) in enumerate(firsts):
+            # a runner-up's first token carries its rank: it is accepted far less often than a top token of equal count
+            tokens, features = [token], [(0, n, min(count, 3), count == total) + ((rank,) if rank else ())]
             tail = window[1:] + [token] if len(window) >= self.max_n else window + [token]
             more, more_features = self._follow(tail, max_len - 1, start=1)
             out.append((tokens + more, features + more_features))
@@ -185,9 +186,14 @@ class NGramIndex:
 class AcceptanceEstimator:
     """P(draft token accepted | it was verified and every earlier draft was accepted), per feature.
 
-    Bounded counters per ``(source, feature)`` with a prior of ``prior_weight`` pseudo-observations;
-    counts are halved once a key has seen ``max_count`` drafts, so estimates track a drafter that
-    changes (online adaptation) and memory stays flat in a long-running server.
+    Bounded counters per ``(source, feature)``. A feature seen only a few times borrows the rate of
+    its coarse class (``(source, position, rank)``: the feature's first entry and anything past its
+    fourth, such as a runner-up branch's rank), with ``prior_weight`` pseudo-observations, and the
+    class borrows the source's prior the same way; so a new, rare feature starts from what similar
+    drafts got, not from a fixed guess (rare low-count n-grams and runner-up branches are accepted far
+    less often than the source's average). Counts are halved once a key has seen ``max_count``
+    drafts, so estimates track a drafter that changes (online adaptation) and memory stays flat in a
+    long-running server.
     """
 
     PRIORS = {"drafter": 0.3, "suffix": 0.5, "global": 0.4, "datastore": 0.3}
@@ -197,19 +203,25 @@ class AcceptanceEstimator:
         self.hits: dict[tuple, float] = {}
         self.seen: dict[tuple, float] = {}
 
+    @staticmethod
+    def coarse(feature: tuple) -> tuple:
+        return ("class", feature[0], *feature[4:])
+
+    def _rate(self, key: tuple, prior: float) -> float:
+        return (self.hits.get(key, 0.0) + self.prior_weight * prior) / (self.seen.get(key, 0.0) + self.prior_weight)
+
     def rate(self, source: str, feature: tuple) -> float:
-        key = (source, feature)
-        return (self.hits.get(key, 0.0) + self.prior_weight * self.PRIORS[source]) / (self.seen.get(key, 0.0) + self.prior_weight)
+        return self._rate((source, feature), self._rate((source, self.coarse(feature)), self.PRIORS[source]))
 
     def update(self, source: str, features: Sequence[tuple], num_verified: int, num_accepted: int) -> None:
         """Record one verified proposal: drafts 1..num_verified were checked, the first num_accepted passed."""
         for k, feature in enumerate(features[: min(num_verified, num_accepted + 1)]):
-            key = (source, feature)
-            seen = self.seen.get(key, 0.0) + 1.0
-            hits = self.hits.get(key, 0.0) + (k < num_accepted)
-            if seen > self.max_count:
-                seen, hits = seen / 2, hits / 2
-            self.seen[key], self.hits[key] = seen, hits
+            for key in ((source, feature), (source, self.coarse(feature))):
+                seen = self.seen.get(key, 0.0) + 1.0
+                hits = self.hits.get(key, 0.0) + (k < num_accepted)
+                if seen > self.max_count:
+                    seen, hits = seen / 2, hits / 2
+                self.seen[key], self.hits[key] = seen, hits
 
 
 def expected_accepted(rates: Sequence[float]) -> float:

@@ -118,6 +118,13 @@ def path_sources(proposal, paths: list[list[int]], num_drafts: list[int]) -> lis
     return [NONE if not n else nodes[path[-1] - 1] if path else nodes[0] for nodes, path, n in zip(proposal.node_sources, paths, num_drafts)]
 
 
+def checked_along_paths(parents: torch.Tensor, paths: list[list[int]], num_drafts: list[int]) -> list[int]:
+    """Per row, the drafts a tree verified along its accepted path: the path's length, plus one when the
+    path's last slot had a verified child (which the target rejected)."""
+    parents_list = parents.tolist()
+    return [len(path) + int((path[-1] if path else 0) in parents_list[i][:n]) for i, (path, n) in enumerate(zip(paths, num_drafts))]
+
+
 def relayout_cache(cache: DynamicCache, index: torch.Tensor) -> None:
     """Rebuild every layer as ``new[i, :, j] = old[i, :, index[i, j]]``; index -1 makes a zero (masked) slot."""
     holes = index < 0
@@ -501,19 +508,17 @@ class SpeculativeBatch:
         drafts_list = num_drafts.tolist()
         self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"), rows=len(accepted_list))
         sources = path_sources(proposal, paths, drafts_list)
+        checked = drafts_list if parents is None else checked_along_paths(parents, paths, drafts_list)
         if self.on_round is not None:
             self.on_round(RoundStats(list(self.ids), accepted_list, [n + 1 for n in drafts_list], draft_time, verify_time, sources,
-                                    tree=parents is not None))
+                                    tree=parents is not None, checked=checked))
         tokens_list = draft_tokens.tolist()
         chunks = [[tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))]
         self.proposer.record(self.ids, chunks)
         updates = self._emit(list(self.ids), chunks, sources)
         if self.observer is not None:
-            parents_list = None if parents is None else parents.tolist()
-            for i, (update, n) in enumerate(zip(updates, drafts_list)):
+            for i, (update, n) in enumerate(zip(updates, checked)):
                 index = slots[i][: len(update.tokens)]
-                if parents_list is not None:  # along the path: its drafts, plus one more if the last node's children were rejected
-                    n = len(paths[i]) + int(slots[i][-1] in parents_list[i][:n])
                 self.observer.on_round(update.row_id, None if features is None else features[i, index], out.logits[i, index],
                                        update.tokens, n, update.source)
         self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start)  # the whole round's time
