@@ -3,7 +3,8 @@
 Methods (each prompt runs every method back to back, so machine noise hits all of them alike):
 - ``target``: plain ``generate`` of the target, the 1.0x reference;
 - ``adaflash``: adaflash-hf's engine in its default configuration (hybrid drafting: drafter block,
-  suffix matches and the global index, with the goodput verify length);
+  suffix matches, the global index and the datastore merged into a draft tree per row, with the goodput
+  verify length);
 - ``adaflash-chain``: the default sources, but each round verifies only the best candidate (no draft tree);
 - ``adaflash-drafter``, ``adaflash-suffix``, ``adaflash-global``, ``adaflash-datastore``: the engine
   with one draft source alone (the drafter's block; the prompt and output so far; earlier requests;

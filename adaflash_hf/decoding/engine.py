@@ -55,8 +55,9 @@ def generate(
         verify_policy: chooses verify lengths per round (default: :class:`GoodputVerifyLength`, which
             maximises expected tokens per second with this machine's measured verify cost).
         drafting: which draft sources each row may use per round (default: all of them, see
-            :class:`DraftingConfig`); each round every row takes the candidate with the most
-            expected accepted tokens, or none.
+            :class:`DraftingConfig`); each round every row verifies a draft tree of its candidates'
+            likeliest tokens (:mod:`.tree`), or with ``tree_nodes=0`` the single candidate with the most
+            expected accepted tokens, or nothing.
         drafting_state: acceptance statistics and the global suffix index shared across calls
             (default: one per target model, :func:`drafting_state`).
         draft_sampling: with ``do_sample``, sample the drafter's drafts from its distribution and accept

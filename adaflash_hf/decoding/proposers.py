@@ -1,7 +1,8 @@
 """Where draft tokens come from, and the per-row choice between sources.
 
 Verification does not care where a candidate continuation came from, so each round every row
-takes the most promising of:
+merges its candidates into a draft tree (:mod:`.tree`; or, with ``tree_nodes=0`` and behind
+``generate(assistant_model=)``, takes the most promising one) from:
 - ``drafter``: the learned block-diffusion drafter's block (its logits over the draft vocabulary);
 - ``suffix``: the most frequent continuation of the row's own latest n-gram in its prompt and output
   so far (SuffixDecoding / prompt lookup, with counts);

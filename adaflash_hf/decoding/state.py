@@ -16,8 +16,10 @@ tight as it would be without a drafter, and the unread features are only collect
 Joining rows are prefilled on their own and merged right-aligned (holes on the left). Holes are
 squeezed out ("compaction") when they make up a large share of a cache, with one gather per layer.
 
-Round: propose (drafter block, suffix matches) -> choose verify lengths -> verify -> accept -> crop ->
-update policy, acceptance estimates and statistics.
+Round: propose (drafter block, suffix matches; a draft tree per row) -> choose verify lengths -> verify
+(a tree with its ancestor mask) -> accept (walk the tree) -> crop -> update policy, acceptance estimates
+and statistics. A tree's accepted path keeps its slots where they are and the other nodes become holes,
+so trees need no cache copies.
 """
 
 from __future__ import annotations
