@@ -66,9 +66,10 @@ BUNDLED_CARDS = (
         "--drafter auto --data-dir data/smollm2-135m --output-dir OUT --min-coverage 0.99` (the vocabulary was counted "
         "on the first 35 of 67 shards of `adaflash generate-data`; the datastore then rebuilt from all 67 shards, "
         "763,500 response tokens).",
-        "Benchmark: 8 held-out prompts per domain, 96 new tokens, two torch threads on an otherwise idle AMD EPYC "
-        "machine; `adaflash` is the library's default hybrid drafting, `adaflash-*` one draft source alone; the methods "
-        "alternate prompt by prompt. `same as target` < 1 is bf16 near-tie rounding (fp32 outputs are identical).",
+        "Benchmark: 8 held-out prompts per domain, 96 new tokens, two torch threads on an otherwise idle Intel Xeon "
+        "(AVX512-BF16, no AMX); `adaflash` is the library's default hybrid drafting with draft trees, `adaflash-chain` "
+        "the same verifying one candidate per round, `adaflash-*` one draft source alone; the methods alternate prompt "
+        "by prompt. `same as target` < 1 is bf16 near-tie rounding (fp32 outputs are identical).",
         "Research log of every run: results/experiments.md in the adaflash-hf repository.",
     )),
     BundledCard("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-adaflash", "results/bench_qwen1.5b.json", notes=(
@@ -83,8 +84,9 @@ BUNDLED_CARDS = (
         "Draft vocabulary added later without changing the weights: `adaflash prepare-drafter --target "
         "qwen2.5-coder-1.5b --drafter auto --corpus-tokens 40000 --size 32768` (the target's greedy predictions on "
         "training corpus text; no self-generated data for this target yet, so no datastore).",
-        "Benchmark: two torch threads on an otherwise idle machine, one prompt per domain (96 new tokens); `assisted` "
-        "uses qwen2.5-coder-0.5b as the draft model.",
+        "Benchmark: two torch threads on an otherwise idle Intel Xeon (AVX512-BF16, no AMX), one prompt per domain "
+        "(96 new tokens); `adaflash` drafts with draft trees, `adaflash-chain` verifies one candidate per round; "
+        "`assisted` uses qwen2.5-coder-0.5b as the draft model.",
         "Research log: results/experiments.md in the adaflash-hf repository.",
     )),
     BundledCard("smollm2-135m-length-head", "smollm2-135m-length-head"),
