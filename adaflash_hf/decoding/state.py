@@ -495,14 +495,18 @@ class SpeculativeBatch:
         keep = max(max(row) for row in slots) + 1
         if keep < g + 1:
             self.target_cache.crop(keep - g - 1)
-        kept = torch.zeros(len(slots), keep, dtype=torch.long, device=device)  # (b, keep)
-        for i, row in enumerate(slots):
-            kept[i, row] = 1
+        if parents is None:
+            kept = (torch.arange(keep, device=device)[None] <= accept_lengths[:, None]).long()  # (b, keep)
+        else:
+            kept = torch.zeros(len(slots), keep, dtype=torch.long, device=device)
+            for i, row in enumerate(slots):
+                kept[i, row] = 1
         self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
         features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
             for i, (row, index) in enumerate(zip(self.ids, slots)):
-                self.pending.add(row, features[i, index], verify_pos[i, index])
+                taken = slice(0, len(index)) if parents is None else index  # a chain's accepted slots are a prefix
+                self.pending.add(row, features[i, taken], verify_pos[i, taken])
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
 
