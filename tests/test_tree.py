@@ -8,6 +8,7 @@ from scipy.stats import chisquare
 from transformers import DynamicCache
 
 from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, generate
+from adaflash_hf._compat import CACHE_KWARG
 from adaflash_hf.decoding.proposers import NGramIndex, expected_accepted
 from adaflash_hf.decoding.sampling import SamplingParams
 from adaflash_hf.decoding.state import proposal_depths
@@ -101,13 +102,13 @@ def test_tree_forward_gives_every_node_the_logits_of_its_own_path(arch, attentio
     tree = build_tree([([4, 6, 8, 10], [0.9] * 4), ([4, 6, 9], [0.9, 0.9, 0.8]), ([13, 2], [0.3, 0.9])], 8, 8)
     with torch.no_grad():
         cache = DynamicCache()
-        target(input_ids=torch.tensor([prompt + [30]]), cache=cache, use_cache=True)  # slot 6 is a hole below
+        target(input_ids=torch.tensor([prompt + [30]]), use_cache=True, **{CACHE_KWARG: cache})  # slot 6 is a hole below
         slot_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
         anchor = 12
         parents = torch.tensor([tree.parents])
         ids = torch.tensor([[anchor, *tree.tokens]])
         positions = len(prompt) + proposal_depths(parents)
-        out = target(input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
+        out = target(input_ids=ids, position_ids=positions, use_cache=True, **{CACHE_KWARG: cache},
                      attention_mask=tree_attention_mask(slot_mask, parents, target.dtype))
         paths = {0: [anchor]}
         for j, parent in enumerate(tree.parents):
