@@ -184,3 +184,16 @@ def test_engine_verifies_trees_losslessly(arch):
                      drafting_state=DraftingState())
     assert not any(r.tree for r in chain.stats.rounds)
     assert torch.equal(chain.sequences, out.sequences)
+
+
+def test_tree_settings_are_validated_and_a_lone_drafter_stays_a_chain():
+    with pytest.raises(ValueError, match="tree_nodes"):
+        DraftingConfig(tree_nodes=-1)
+    with pytest.raises(ValueError, match="branches"):
+        DraftingConfig(branches=0)
+    from adaflash_hf.decoding.proposers import HybridProposer
+
+    assert not HybridProposer(DraftingState(), DraftingConfig.only("drafter"), block_size=4).trees  # nothing to merge
+    assert HybridProposer(DraftingState(), DraftingConfig.only("suffix"), block_size=None).trees  # runner-up branches
+    one_candidate = DraftingConfig(drafter=False, global_index=False, datastore=False, branches=1)
+    assert not HybridProposer(DraftingState(), one_candidate, block_size=None).trees
