@@ -108,6 +108,7 @@ class GenerateArgs:
     dtype: str = dtype_field()
     verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts), at most the longest proposal; default: chosen per round for the most expected tokens per second."})
     sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
+    tree_nodes: int | None = field(default=None, metadata={"help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single best candidate; default: the library's (DraftingConfig.tree_nodes)."})
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
     seed: int = field(default=0, metadata={"help": "Seed for sampling."})
     compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
@@ -128,7 +129,7 @@ class GenerateArgs:
     def drafting(self):
         from .decoding.proposers import DraftingConfig
 
-        return DraftingConfig.from_sources(self.sources)
+        return DraftingConfig.from_sources(self.sources, self.tree_nodes)
 
 
 def run_generate(args: GenerateArgs) -> int:

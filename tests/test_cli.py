@@ -36,6 +36,9 @@ def test_generate_command_streams_and_compares(model_dirs, capsys):
                  "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain", "--sources", "suffix"])
     err = capsys.readouterr().err
     assert code == 0 and "identical output: True" in err and "drafter" not in err.split("rounds (")[1].split(")")[0]
+    code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w5 w7 w5",
+                 "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain", "--tree-nodes", "0"])
+    assert code == 0 and "identical output: True" in capsys.readouterr().err
 
 
 def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
@@ -288,6 +291,7 @@ def cli_error(argv: list[str], capsys) -> str:
         (["generate", "--verify-len", "0"], "--verify-len 0: must be >= 1"),
         (["generate", "--prompt", "  "], "--prompt is empty"),
         (["generate", "--sources", "drafter,medusa"], "choose one or more of drafter, suffix, global, datastore"),
+        (["generate", "--tree-nodes", "-2"], "--tree-nodes -2: must be >= 0"),
         (["generate", "--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
         (["generate", "--max-new-tokens", "many"], "argument --max-new-tokens: invalid int value: 'many'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -111,6 +111,9 @@ def test_serve_args():
     assert (args.target, args.host, args.port) == (DEFAULT_TARGET, "127.0.0.1", 8000)
     with pytest.raises(ValueError, match="--sources"):
         ServeArgs(sources="drafter,oracle")
+    with pytest.raises(ValueError, match="--tree-nodes"):
+        ServeArgs(tree_nodes=-1)
+    assert ServeArgs(tree_nodes=0).drafting().tree_nodes == 0
     with pytest.raises(ValueError, match="--port"):
         ServeArgs(port=0)
 

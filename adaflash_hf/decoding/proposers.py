@@ -66,13 +66,17 @@ class DraftingConfig:
             raise ValueError("DraftingConfig switches every source off; enable at least one of drafter, suffix, global_index, datastore.")
 
     @classmethod
-    def from_sources(cls, sources: str) -> DraftingConfig:
-        """A config from a comma-separated subset of ``drafter,suffix,global,datastore`` (the CLI's ``--sources``)."""
+    def from_sources(cls, sources: str, tree_nodes: int | None = None) -> DraftingConfig:
+        """A config from a comma-separated subset of ``drafter,suffix,global,datastore`` (the CLI's ``--sources``)
+        and, unless None, a draft-tree size (``--tree-nodes``)."""
         chosen = {s.strip() for s in sources.split(",") if s.strip()}
         if not chosen or chosen - set(SOURCES):
             raise ValueError(f"--sources {sources!r}: choose one or more of {', '.join(SOURCES)}.")
+        if tree_nodes is not None and tree_nodes < 0:
+            raise ValueError(f"--tree-nodes {tree_nodes}: must be >= 0 (0 verifies one candidate per round).")
+        tree = {} if tree_nodes is None else {"tree_nodes": tree_nodes}
         return cls(drafter="drafter" in chosen, suffix="suffix" in chosen, global_index="global" in chosen,
-                   datastore="datastore" in chosen)
+                   datastore="datastore" in chosen, **tree)
 
     @classmethod
     def only(cls, source: str) -> DraftingConfig:

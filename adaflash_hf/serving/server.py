@@ -42,6 +42,7 @@ class ServeArgs:
     max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."})
     verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most expected tokens per second at the current load."})
     sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
+    tree_nodes: int | None = field(default=None, metadata={"help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single best candidate; default: the library's (DraftingConfig.tree_nodes)."})
     length_head: str = field(default="auto", metadata={"help": "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model id that clients send and /v1/models lists (default: --target)."})
     opd: bool = field(default=False, metadata={"help": "On-policy distillation: train LoRA adapters on the drafter from live traffic in the background and swap them in between rounds (status under /v1/status)."})
@@ -63,7 +64,7 @@ class ServeArgs:
     def drafting(self):
         from ..decoding.proposers import DraftingConfig
 
-        return DraftingConfig.from_sources(self.sources)
+        return DraftingConfig.from_sources(self.sources, self.tree_nodes)
 
 
 def build_scheduler(args: ServeArgs):
