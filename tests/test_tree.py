@@ -11,7 +11,6 @@ from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, genera
 from adaflash_hf._compat import CACHE_KWARG
 from adaflash_hf.decoding.proposers import NGramIndex, expected_accepted
 from adaflash_hf.decoding.sampling import SamplingParams
-from adaflash_hf.decoding.state import proposal_depths
 from adaflash_hf.decoding.tree import ancestor_mask, build_tree, chain_rates, is_chain, tree_accept, tree_attention_mask
 
 from conftest import greedy_reference, left_pad, tiny_target
@@ -83,10 +82,9 @@ def test_ancestor_mask_and_depths_match_a_walk_up_the_tree():
     for i, t in enumerate(rows):
         parents[i, : len(t)] = torch.tensor(t.parents)
     mask = ancestor_mask(parents)
-    depths = proposal_depths(parents)
-    for i in range(3):
+    for i, t in enumerate(rows):
         assert torch.equal(mask[i], brute_force_ancestors(parents[i].tolist()))
-        assert depths[i].tolist() == mask[i].sum(-1).sub(1).tolist()  # depth = ancestors excluding itself
+        assert [0, *t.depths] == mask[i, : len(t) + 1].sum(-1).sub(1).tolist()  # depth = ancestors excluding itself
     assert is_chain(torch.tensor([[0, 1, 2]]), torch.tensor([3]))
     assert not is_chain(torch.tensor([[0, 0, 2]]), torch.tensor([3]))
     assert is_chain(torch.tensor([[0, 1, 0]]), torch.tensor([2]))  # only the verified prefix counts
@@ -107,7 +105,7 @@ def test_tree_forward_gives_every_node_the_logits_of_its_own_path(arch, attentio
         anchor = 12
         parents = torch.tensor([tree.parents])
         ids = torch.tensor([[anchor, *tree.tokens]])
-        positions = len(prompt) + proposal_depths(parents)
+        positions = len(prompt) + torch.tensor([[0, *tree.depths]])
         out = target(input_ids=ids, position_ids=positions, use_cache=True, **{CACHE_KWARG: cache},
                      attention_mask=tree_attention_mask(slot_mask, parents, target.dtype))
         paths = {0: [anchor]}

@@ -285,7 +285,7 @@ class Proposal:
     estimator's update after verification.
 
     A tree proposal (:mod:`.tree`) also has parents (b, m), each node's parent slot (0: the anchor, j + 1:
-    node j), and node_sources, the source of each node; its rates are :func:`~.tree.chain_rates` of the
+    node j), depths (b, m), 1 for a child of the anchor, and node_sources, the source of each node; its rates are :func:`~.tree.chain_rates` of the
     nodes' reach probabilities, so a verify length truncates the tree as it truncates a chain.
     """
 
@@ -295,6 +295,7 @@ class Proposal:
     sources: list[str]
     features: list[list[tuple]]
     parents: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
     node_sources: list[list[str]] | None = None
 
 
@@ -485,16 +486,19 @@ class HybridProposer:
             node_sources.append([options[o][0] for o in row_tree.origins])
         width = max((len(t) for t in trees), default=0)
         b = len(trees)
-        tokens, parents = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long)
+        tokens, parents, depths = (torch.zeros(b, width, dtype=torch.long) for _ in range(3))  # padding: children of the anchor
+        depths[:] = 1
         rates = torch.zeros(b, width)
         for i, row_tree in enumerate(trees):
             n = len(row_tree)
             tokens[i, :n] = torch.tensor(row_tree.tokens, dtype=torch.long)
             parents[i, :n] = torch.tensor(row_tree.parents, dtype=torch.long)
+            depths[i, :n] = torch.tensor(row_tree.depths, dtype=torch.long)
             rates[i, :n] = torch.tensor(chain_rates(row_tree.probs))
         lengths = torch.tensor([len(t) for t in trees], dtype=torch.long)
         sources = [NONE if not ns else ns[0] if len(set(ns)) == 1 else TREE for ns in node_sources]
-        return Proposal(tokens, rates, lengths, sources, [[] for _ in trees], parents=parents, node_sources=node_sources)
+        return Proposal(tokens, rates, lengths, sources, [[] for _ in trees], parents=parents, depths=depths,
+                        node_sources=node_sources)
 
     def no_proposal(self, row_ids: list[int]) -> Proposal:
         """An empty proposal (every row takes a plain step), made without looking anything up."""

@@ -45,7 +45,7 @@ from .proposers import (
 )
 from .recording import RoundObserver
 from .sampling import SamplingParams, greedy_accept, logits_to_probs, rejection_accept, sample
-from .tree import is_chain, tree_accept, tree_attention_mask
+from .tree import checked_along_paths, is_chain, tree_accept, tree_attention_mask
 
 GREEDY = SamplingParams()
 
@@ -104,27 +104,13 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     return out.last_hidden_state
 
 
-def proposal_depths(parents: torch.Tensor) -> torch.Tensor:
-    """(b, g) parent slots -> (b, g + 1) depth of every verify slot (0 for the anchor)."""
-    depths = torch.zeros(parents.shape[0], parents.shape[1] + 1, dtype=torch.long, device=parents.device)
-    for j in range(parents.shape[1]):  # parents come before their children
-        depths[:, j + 1] = depths.gather(1, parents[:, j:j + 1]).squeeze(1) + 1
-    return depths
-
-
 def path_sources(proposal, paths: list[list[int]], num_drafts: list[int]) -> list[str]:
     """Where each row's accepted drafts came from: the source of its deepest accepted node (of its
     best node when it accepted none); "none" for a row that verified no drafts."""
     if proposal.node_sources is None:
         return [s if n else NONE for s, n in zip(proposal.sources, num_drafts)]
-    return [NONE if not n else nodes[path[-1] - 1] if path else nodes[0] for nodes, path, n in zip(proposal.node_sources, paths, num_drafts)]
-
-
-def checked_along_paths(parents: torch.Tensor, paths: list[list[int]], num_drafts: list[int]) -> list[int]:
-    """Per row, the drafts a tree verified along its accepted path: the path's length, plus one when the
-    path's last slot had a verified child (which the target rejected)."""
-    parents_list = parents.tolist()
-    return [len(path) + int((path[-1] if path else 0) in parents_list[i][:n]) for i, (path, n) in enumerate(zip(paths, num_drafts))]
+    deepest = [path[-1] if path else 1 for path in paths]  # slot of the deepest accepted node, else of the best node
+    return [nodes[slot - 1] if n else NONE for nodes, slot, n in zip(proposal.node_sources, deepest, num_drafts)]
 
 
 def relayout_cache(cache: DynamicCache, index: torch.Tensor) -> None:
@@ -473,8 +459,8 @@ class SpeculativeBatch:
             verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
             attention_mask = torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1)  # (b, S + g + 1)
         else:
-            depths = proposal_depths(parents)  # (b, g + 1), 0 for the anchor
-            verify_pos = self.next_pos[:, None] + depths
+            depths = proposal.depths[:, :g].to(device)  # (b, g), 1 for a child of the anchor
+            verify_pos = self.next_pos[:, None] + torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
             attention_mask = tree_attention_mask(self.slot_mask, parents, self.target.dtype)  # (b, 1, g + 1, S + g + 1)
         with sdpa_gqa(device, g + 1):
             out = self.target(

@@ -188,3 +188,10 @@ def tree_accept(
         paths.append(path)
         next_tokens.append(token)
     return paths, torch.tensor(next_tokens, dtype=torch.long, device=target_logits.device)
+
+
+def checked_along_paths(parents: torch.Tensor, paths: list[list[int]], num_drafts: list[int]) -> list[int]:
+    """Per row, the drafts a tree verified along its accepted path: the path's length, plus one when the
+    path's last slot had a verified child (which the target rejected)."""
+    parents_list = parents.tolist()
+    return [len(path) + int((path[-1] if path else 0) in parents_list[i][:n]) for i, (path, n) in enumerate(zip(paths, num_drafts))]

@@ -1,5 +1,6 @@
 """Session 7: Scheduler (no HTTP) throughput, methods interleaved over reps, medians; eval prompts as the bench pools them.
 Usage: python results/session7/scheduler_ab.py 16 plain,adaflash 3   (concurrency, methods[~guard margin], reps)
+Session 8 added methods ending in "-chain" (e.g. adaflash-chain): the same server with draft trees off.
 """
 import asyncio, time, sys, os, torch, statistics
 from adaflash_hf import load_target, load_drafter
@@ -17,7 +18,8 @@ res = {m: [] for m in methods}
 for rep in range(reps):
     for method in (methods if rep % 2 == 0 else methods[::-1]):
         base, _, margin = method.partition("~")
-        s = make_scheduler(base, target, drafter, tok, 32, "smollm2-135m")
+        s = make_scheduler(base.removesuffix("-chain"), target, drafter, tok, 32, "smollm2-135m")
+        if base.endswith("-chain"): s.batch.proposer.trees = False
         if margin: s.batch.policy.margin = float(margin)
         s.start()
         async def main():
