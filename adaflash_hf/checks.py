@@ -17,6 +17,21 @@ def is_adaflash_drafter(model) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) == AdaFlashDrafterConfig.model_type
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``, refused with a clear error when it is malformed or this machine lacks it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r} is not a device torch knows ({error}); use e.g. 'cpu', 'cuda' or 'cuda:1'.") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        found = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device this torch build can use"
+        raise ValueError(f"device {str(device)!r} is not available: this machine has {found}. Use 'cpu', or install a "
+                         "CUDA build of torch on a machine with a GPU.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' is not available on this machine; use 'cpu'.")
+    return device
+
+
 def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
     """Raise ValueError when ``drafter`` was not built for ``target`` (or ``tokenizer``)."""
     if not is_adaflash_drafter(drafter):

@@ -143,7 +143,9 @@ def load_target(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from .checks import check_device
+
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = resolve_dtype(dtype, device)
     path = Path(name_or_path).expanduser()
     model_kwargs: dict = {}

@@ -219,3 +219,15 @@ def test_every_row_of_the_bad_inputs_table_names_a_real_test():
     assert len(named) >= 25
     for file, test in named:
         assert f"def {test}(" in (here / file).read_text(), f"BAD_INPUTS.md names {file}::{test}, which does not exist"
+
+
+def test_a_device_this_machine_lacks_is_named_before_anything_loads():
+    from adaflash_hf import load_target
+    from adaflash_hf.checks import check_device
+
+    with pytest.raises(ValueError, match="not a device torch knows"):
+        load_target("smollm2-135m", device="gpu")
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU (cuda:0 on a CPU-only machine)
+    with pytest.raises(ValueError, match="is not available: this machine has"):
+        load_target("smollm2-135m", device=missing)
+    assert check_device("cpu") == torch.device("cpu")
