@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from .decoding.proposers import DATASTORE_FILE, load_datastore
+from .decoding.proposers import DATASTORE_FILE, PRIOR_FILE, load_acceptance_prior, load_datastore
 from .modeling_adaflash import AdaFlashDrafter
 from .targets import HUB_ID
 
@@ -54,10 +54,13 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
                 raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise OSError(f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}") from error
-        path = _datastore_file(name_or_path) if datastore else None
+        path = _drafter_file(name_or_path, DATASTORE_FILE) if datastore else None
         if path is not None:
             drafter.adaflash_datastore = load_datastore(path)
             logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path)
+        path = _drafter_file(name_or_path, PRIOR_FILE)
+        if path is not None:
+            drafter.adaflash_acceptance_prior = load_acceptance_prior(path)
     return drafter.to(device=target.device, dtype=target.dtype).eval()
 
 
@@ -83,16 +86,16 @@ def checkpoint_source(name_or_path: str, what: str, accepted: str) -> str:
     return name_or_path
 
 
-def _datastore_file(name_or_path: str) -> Path | None:
-    """The drafter's ``datastore.safetensors`` (local folder or Hub repo), or None when it ships none."""
+def _drafter_file(name_or_path: str, filename: str) -> Path | None:
+    """A file that ships beside the drafter's weights (local folder or Hub repo), or None when there is none."""
     local = Path(name_or_path)
     if local.is_dir():
-        path = local / DATASTORE_FILE
+        path = local / filename
         return path if path.is_file() else None
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
-        return Path(hf_hub_download(name_or_path, DATASTORE_FILE))
+        return Path(hf_hub_download(name_or_path, filename))
     except (EntryNotFoundError, LocalEntryNotFoundError):
         return None

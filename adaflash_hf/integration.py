@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,6 +75,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self.use_drafter = self.drafting.drafter
         self.embed = target.get_input_embeddings()
         self.head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if self.use_drafter else None
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.layer_ids = drafter.config.target_layer_ids
         self.max_length = generation_config.max_length
         self.policy = verify_policy or state.policy
@@ -82,6 +84,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self.state = state
         self.proposer = HybridProposer(state, self.drafting, drafter.config.block_size if self.use_drafter else None,
                                        getattr(drafter, "adaflash_datastore", None))
+        state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         # Ask the target for just the context layers, unless the user wants every hidden state returned
         # (selecting layers then breaks generate's output bookkeeping).
         wants_all = generation_config.return_dict_in_generate and generation_config.output_hidden_states
@@ -123,16 +126,16 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         if mask is None:
             mask = torch.ones_like(input_ids)
 
-        def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+        def run_drafter() -> tuple[torch.Tensor, torch.Tensor, Callable]:
             tick = time.perf_counter()
             context = torch.cat(self._waiting, dim=1)
             positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
             drafted["hidden"] = draft_block(self.drafter, self.embed, input_ids[:, -1], context, positions[:, self._cached_len : processed],
                                             positions[:, -1], mask[:, :processed], self.cache)
             self._cached_len, self._waiting = processed, []
-            tokens, top_probs, _ = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
+            tokens, top_probs, logits = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
             drafted["seconds"] = time.perf_counter() - tick
-            return tokens, top_probs
+            return tokens, top_probs, self.head.scorer(logits, self.vocab_size)
 
         if wants_drafts(self.policy, 1):
             proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)

@@ -165,6 +165,19 @@ def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(m
     plain = target.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
     assert out.sequences.tolist() == plain.tolist()
 
+    # again from the prepared drafter: its vocabulary kept, plus an acceptance prior from two held-out prompts
+    code = main(["prepare-drafter", "--drafter", str(tmp_path / "prepared"), "--output-dir", str(tmp_path / "calibrated"),
+                 "--data-dir", str(tmp_path / "data"), "--target", str(target_dir), "--keep-vocab",
+                 "--acceptance-prompts", "2", "--acceptance-tokens", "6"])
+    assert code == 0
+    calibrated = load_drafter(str(tmp_path / "calibrated"), target)
+    assert torch.equal(calibrated.draft_vocab, drafter.draft_vocab)
+    assert calibrated.adaflash_acceptance_prior["prompts"] == 2 and calibrated.adaflash_acceptance_prior["entries"]
+    assert calibrated.adaflash_datastore.num_tokens == 20 * 40  # the shipped datastore keeps every response
+    assert main(["prepare-drafter", "--drafter", str(drafter_dir), "--output-dir", str(tmp_path / "x"), "--keep-vocab",
+                 "--size", "8", "--data-dir", str(tmp_path / "data")]) == 2
+    assert "keep_vocab keeps the drafter's draft vocabulary" in capsys.readouterr().err
+
 
 def test_profile_command_splits_the_round(model_dirs, tmp_path, capsys):
     import json

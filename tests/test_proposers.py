@@ -12,10 +12,14 @@ import torch
 from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, generate
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.proposers import (
+    PRIOR_FILE,
     AcceptanceEstimator,
     DraftHead,
+    HybridProposer,
     NGramIndex,
+    drafter_bucket,
     expected_accepted,
+    load_acceptance_prior,
     load_datastore,
     save_datastore,
 )
@@ -303,3 +307,101 @@ def test_forget_requests_empties_the_global_index_and_keeps_what_was_measured():
     assert state.global_index.num_tokens > 0
     state.forget_requests()
     assert state.global_index.num_tokens == 0 and state.cost_model.seconds  # costs stay measured
+
+
+def test_the_drafter_scores_candidate_tokens_with_its_own_probabilities(target):
+    vocab = torch.arange(4, 40)
+    head = DraftHead(target.get_output_embeddings(), vocab)
+    logits = torch.randn(2, 3, len(vocab))
+    score = head.scorer(logits, target.config.vocab_size)
+    probs = logits.softmax(-1)
+    tokens = [5, 39, 2, 7, 8]  # 2 is outside the draft vocabulary; positions past the block (3) have no opinion
+    got = score(1, tokens)
+    assert got[3:] == [None, None] and got[2] == 0.0
+    assert got[0] == pytest.approx(float(probs[1, 0, 1])) and got[1] == pytest.approx(float(probs[1, 1, 35]))
+    assert score(0, []) == []
+    assert [drafter_bucket(p) for p in (None, 0.001, 0.05, 0.2, 0.9)] == ["q-", "q0", "q1", "q2", "q3"]
+
+
+@pytest.mark.parametrize("cheap", [True, False])
+def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(cheap):
+    state = DraftingState()
+    state.cost_model.update(1, 0.040)
+    state.drafter_seconds, state.drafter_value = (0.002 if cheap else 0.020), 0.0  # 5 % or 50 % of a step
+    proposer = HybridProposer(state, DraftingConfig(global_index=False), block_size=4)
+    proposer.add_row(0, [1, 2, 3, 1, 2, 3, 1, 2])
+    state.rounds_since_drafter = -100  # drafter_pays alone would skip it: the suffix candidate is worth more
+    calls = []
+
+    def run_drafter():
+        calls.append(1)
+        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), lambda row, tokens: [0.6] * len(tokens)
+
+    proposer.propose([0], run_drafter, tree=True, max_depths=[8])
+    suffix_features = [f for source, _, features in proposer._options[0] if source == "suffix" for f in features]
+    assert suffix_features
+    if cheap:
+        assert calls and all(f[-1] == "q3" for f in suffix_features)
+        assert any(source == "drafter" for source, _, _ in proposer._options[0])  # its block joins the tree too
+    else:
+        assert not calls and not any(isinstance(f[-1], str) for f in suffix_features)
+
+
+def test_scored_hybrid_rounds_stay_lossless_in_fp32_greedy(target, drafter, monkeypatch):
+    monkeypatch.setattr(DraftingState, "SCORE_COST", 1e9)  # the drafter always counts as cheap: every round is scored
+    prompts = random_prompts((3, 9, 5, 12), seed=11)
+    ids, mask = left_pad(prompts)
+    state = DraftingState()
+    out = generate(target, drafter, ids, mask, max_new_tokens=30, eos_token_id=None, drafting_state=state)
+    want = [greedy_reference(target, p, 30, eos=False)[len(p):] for p in prompts]
+    assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    assert any(isinstance(feature[-1], str) for source, feature in state.estimator.seen if source != "drafter")
+
+
+def test_an_exported_acceptance_prior_seeds_a_fresh_estimator_capped(tmp_path):
+    import json
+
+    trained = AcceptanceEstimator()
+    trained.update("suffix", [(0, 4, 3, True), (1, 4, 3, True)], 2, 1)
+    for _ in range(99):
+        trained.update("datastore", [(0, 2, 1, False, 1)], 1, 0)
+    path = tmp_path / PRIOR_FILE
+    path.write_text(json.dumps(trained.export()))
+    fresh = AcceptanceEstimator()
+    fresh.seed(load_acceptance_prior(path), cap=16)
+    feature = (0, 4, 3, True)
+    assert fresh.rate("suffix", feature) == pytest.approx(trained.rate("suffix", feature))  # under the cap: the same counts
+    assert fresh.seen[("datastore", (0, 2, 1, False, 1))] == 16 and fresh.rate("datastore", (0, 2, 1, False, 1)) < 0.05
+    state = DraftingState()
+    state.seed_acceptance(load_acceptance_prior(path))
+    state.seed_acceptance(load_acceptance_prior(path))  # once per state
+    assert state.estimator.seen[("suffix", feature)] == 1
+
+
+@pytest.mark.parametrize("content, reason", [("not json", "cannot be read"), ('{"format": "other"}', "format"),
+                                             ('{"format": "adaflash-acceptance-prior", "entries": [["suffix", [0], 3, 1]]}',
+                                              "hits <= seen"),
+                                             ('{"format": "adaflash-acceptance-prior", "entries": [["nope", [0], 0, 1]]}',
+                                              "source")])
+def test_a_corrupt_acceptance_prior_gets_a_clear_error(tmp_path, content, reason):
+    path = tmp_path / PRIOR_FILE
+    path.write_text(content)
+    with pytest.raises(OSError, match="acceptance-prompts") as error:
+        load_acceptance_prior(path)
+    assert str(path) in str(error.value) and (reason in str(error.value) or reason == "cannot be read")
+
+
+def test_load_drafter_attaches_the_prior_and_the_engine_starts_from_it(target, drafter, tmp_path):
+    import json
+
+    from adaflash_hf import load_drafter
+
+    drafter.save_pretrained(tmp_path / "d")
+    prior = AcceptanceEstimator()
+    prior.update("suffix", [(0, 1, 1, True)], 1, 1)
+    (tmp_path / "d" / PRIOR_FILE).write_text(json.dumps(prior.export()))
+    loaded = load_drafter(str(tmp_path / "d"), target)
+    assert loaded.adaflash_acceptance_prior["entries"]
+    state = DraftingState()
+    generate(target, loaded, torch.tensor([random_prompts((5,))[0]]), max_new_tokens=2, eos_token_id=None, drafting_state=state)
+    assert state.seeded and ("suffix", (0, 1, 1, True)) in state.estimator.seen

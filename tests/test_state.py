@@ -136,10 +136,10 @@ def _drafter_blocks(batch: SpeculativeBatch) -> dict:
 
     def recording(ids, run_drafter, **kwargs):
         def run():
-            tokens, probs = run_drafter()
+            tokens, probs, *score = run_drafter()
             for row, block in zip(ids, tokens.tolist()):
                 blocks.setdefault(row, []).append(block)
-            return tokens, probs
+            return tokens, probs, *score
         return propose(ids, run if run_drafter is not None else None, **kwargs)
 
     batch.proposer.propose = recording

@@ -45,6 +45,11 @@ class VerifyCostModel:
         self.row_seconds: dict[int, float] = {}
         self.batch_seconds: dict[tuple[int, int], float] = {}
 
+    @property
+    def measured(self) -> bool:
+        """Whether any forward has been timed yet (before that, costs are relative units, not seconds)."""
+        return bool(self.seconds or self.row_seconds or self.batch_seconds)
+
     def _ema(self, table: dict, key, seconds: float) -> None:
         old = table.get(key)
         table[key] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds

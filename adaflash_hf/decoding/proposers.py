@@ -36,6 +36,8 @@ from .tree import build_tree, chain_rates
 
 SOURCES = ("drafter", "suffix", "global", "datastore")
 DATASTORE_FILE = "datastore.safetensors"
+PRIOR_FILE = "acceptance_prior.json"  # acceptance counts learned offline, shipped beside a drafter (prepare-drafter)
+PRIOR_FORMAT = "adaflash-acceptance-prior"
 NONE = "none"
 TREE = "tree"  # the source of a proposal whose tree merges candidates of several sources
 
@@ -53,6 +55,7 @@ class DraftingConfig:
     global_max_tokens: int = field(default=262_144, metadata={"help": "Tokens the global index keeps (oldest requests are evicted first)."})
     tree_nodes: int = field(default=16, metadata={"help": "Most draft tokens a row verifies per round as a tree that merges its candidates (the batched engine); 0 verifies the single best candidate."})
     branches: int = field(default=3, metadata={"help": "Continuations each suffix index offers to the tree: the most frequent, then the runner-up next tokens."})
+    drafter_scores: bool = field(default=True, metadata={"help": "Where a drafter pass is cheap (at most a tenth of a plain step, measured), run it every round and add its probability of each look-up token to that token's acceptance feature, so the tree spends its nodes on candidates the drafter also finds likely."})
 
     def __post_init__(self) -> None:
         if self.max_ngram < 1 or self.max_suffix_tokens < 1 or self.global_max_tokens < 1:
@@ -85,6 +88,11 @@ class DraftingConfig:
             raise ValueError(f"unknown draft source {source!r}; choose from {', '.join(SOURCES)}.")
         return cls(drafter=source == "drafter", suffix=source == "suffix", global_index=source == "global",
                    datastore=source == "datastore")
+
+
+def ngram_feature(position: int, n: int, count: int, total: int) -> tuple[int, int, int, bool]:
+    """A look-up token's acceptance feature: (position capped at 2, n-gram length, count capped at 3, unanimous)."""
+    return (min(position, 2), n, min(count, 3), count == total)
 
 
 class NGramIndex:
@@ -157,7 +165,7 @@ class NGramIndex:
         out = []
         for rank, (token, count) in enumerate(firsts):
             # a runner-up's first token carries its rank: it is accepted far less often than a top token of equal count
-            tokens, features = [token], [(0, n, min(count, 3), count == total) + ((rank,) if rank else ())]
+            tokens, features = [token], [ngram_feature(0, n, count, total) + ((rank,) if rank else ())]
             tail = window[1:] + [token] if len(window) >= self.max_n else window + [token]
             more, more_features = self._follow(tail, max_len - 1, start=1)
             out.append((tokens + more, features + more_features))
@@ -180,7 +188,7 @@ class NGramIndex:
             if counts is None:
                 break
             token, count = max(counts.items(), key=lambda kv: kv[1])
-            features.append((min(start + len(tokens), 2), n, min(count, 3), count == sum(counts.values())))
+            features.append(ngram_feature(start + len(tokens), n, count, sum(counts.values())))
             tokens.append(token)
             window.append(token)
             if len(window) > self.max_n:
@@ -229,6 +237,42 @@ class AcceptanceEstimator:
                 self.seen[key], self.hits[key] = seen, hits
 
 
+    def export(self) -> dict:
+        """The counts as JSON-ready data: what :meth:`seed` reads (``acceptance_prior.json`` beside a drafter)."""
+        entries = [[source, list(feature), round(self.hits.get((source, feature), 0.0), 3), round(seen, 3)]
+                   for (source, feature), seen in self.seen.items()]
+        return {"format": PRIOR_FORMAT, "version": 1, "entries": entries}
+
+    def seed(self, prior: dict, cap: float = 16.0) -> None:
+        """Add exported counts as a prior worth at most ``cap`` observations per feature, so the rates start
+        where an offline run left them and live traffic takes over after a few dozen rounds."""
+        for source, feature, hits, seen in prior["entries"]:
+            key = (source, tuple(feature))
+            scale = min(1.0, cap / seen) if seen > 0 else 0.0
+            self.seen[key] = self.seen.get(key, 0.0) + seen * scale
+            self.hits[key] = self.hits.get(key, 0.0) + hits * scale
+
+
+def load_acceptance_prior(path: str | Path) -> dict:
+    """Read an ``acceptance_prior.json``; a malformed one is an error that says how to rebuild or drop it."""
+    import json
+
+    try:
+        prior = json.loads(Path(path).read_text())
+        if not isinstance(prior, dict) or prior.get("format") != PRIOR_FORMAT:
+            raise ValueError(f"its 'format' is not {PRIOR_FORMAT!r}")
+        for entry in prior.get("entries", None) or []:
+            source, feature, hits, seen = entry
+            if source not in AcceptanceEstimator.PRIORS or not isinstance(feature, list) or not 0 <= hits <= seen:
+                raise ValueError(f"entry {entry!r} is not [source, feature, hits <= seen]")
+        if not isinstance(prior.get("entries"), list):
+            raise ValueError("it has no 'entries' list")
+    except (OSError, ValueError, TypeError) as error:
+        raise OSError(f"The acceptance prior {path} cannot be read ({error}): rebuild it with `adaflash prepare-drafter "
+                      "--acceptance-prompts N`, or delete it (the engine then learns acceptance rates from scratch).") from error
+    return prior
+
+
 def expected_accepted(rates: Sequence[float]) -> float:
     """E[accepted drafts] of a candidate with conditional acceptance rates a_1..a_m: sum_k prod_{j<=k} a_j."""
     total, survive = 0.0, 1.0
@@ -251,6 +295,7 @@ class DraftHead:
         self.weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
         self.bias = None if getattr(lm_head, "bias", None) is None else (
             lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
+        self._index: torch.Tensor | None = None  # target id -> draft-vocabulary index (-1: not in it), built on first use
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V_draft) logits over the draft vocabulary."""
@@ -262,12 +307,42 @@ class DraftHead:
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab is None else self.vocab.to(draft_ids.device)[draft_ids]
 
+    def scorer(self, logits: torch.Tensor, vocab_size: int) -> Callable[[int, Sequence[int]], list[float | None]]:
+        """From a block's draft logits (b, g, V_draft): ``score(row, tokens)``, the drafter's probability of
+        ``tokens[j]`` at block position j + 1 (0 outside the draft vocabulary, None past the block)."""
+        if self._index is None or self._index.shape[0] != vocab_size:
+            index = torch.full((vocab_size,), -1, dtype=torch.long)
+            draft_ids = self.vocab.cpu() if self.vocab is not None else torch.arange(vocab_size)
+            self._index = index.index_copy_(0, draft_ids, torch.arange(draft_ids.numel()))  # target id -> draft index
+        width, normalised = logits.shape[1], []  # log-probabilities, computed on the first call
+
+        def score(row: int, tokens: Sequence[int]) -> list[float | None]:
+            j = min(len(tokens), width)
+            if j == 0:
+                return [None] * len(tokens)
+            if not normalised:
+                normalised.append((logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).cpu())
+            ids = self._index[torch.tensor(tokens[:j], dtype=torch.long).clamp(0, vocab_size - 1)]
+            probs = normalised[0][row, torch.arange(j), ids.clamp_min(0)].exp() * (ids >= 0)
+            return probs.tolist() + [None] * (len(tokens) - j)
+
+        return score
+
     def to_target_probs(self, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """(..., V_draft) probabilities -> (..., vocab_size), zero outside the draft vocabulary."""
         if self.vocab is None:
             return probs
         full = probs.new_zeros(*probs.shape[:-1], vocab_size)
         return full.index_copy_(-1, self.vocab.to(probs.device), probs)
+
+
+def drafter_bucket(prob: float | None) -> str:
+    """The drafter's opinion of a look-up candidate's token at its position, as a feature entry: ``"q0"``
+    (under 1 %) .. ``"q3"`` (50 % or more), ``"q-"`` past the drafter's block (a string, so it never reads as
+    a runner-up's rank)."""
+    if prob is None:
+        return "q-"
+    return f"q{3 if prob >= 0.5 else 2 if prob >= 0.1 else 1 if prob >= 0.01 else 0}"
 
 
 def drafter_feature(position: int, top_prob: float) -> tuple[int, int]:
@@ -307,6 +382,7 @@ class DraftingState:
     """
 
     EXPLORE_EVERY = 8  # rounds after which the drafter runs even when it does not seem to pay
+    SCORE_COST = 0.1  # a drafter pass at most this share of a plain step runs every round to score look-ups
 
     def __init__(self, config: DraftingConfig | None = None):
         self.config = config or DraftingConfig()
@@ -317,6 +393,13 @@ class DraftingState:
         self.drafter_value: float | None = None  # moving average of drafts a drafter block got accepted
         self.drafter_seconds: float | None = None  # moving average of one drafter pass
         self.rounds_since_drafter = 0
+        self.seeded = False  # whether a drafter's acceptance prior was added (once per state)
+
+    def seed_acceptance(self, prior: dict | None) -> None:
+        """Start the acceptance rates from a drafter's shipped prior (once; a state already seeded keeps its rates)."""
+        if prior is not None and not self.seeded:
+            self.estimator.seed(prior)
+            self.seeded = True
 
     def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None, rows: int = 1) -> None:
         """Feed one round's measured costs: the verification forward (``rows`` rows, ``num_tokens`` in all)
@@ -336,13 +419,20 @@ class DraftingState:
         row for every row (both measured on this machine).
         """
         self.rounds_since_drafter += 1
-        if self.drafter_value is None or self.drafter_seconds is None or not self.cost_model.seconds:
+        if self.drafter_value is None or self.drafter_seconds is None or not self.cost_model.measured:
             return True  # nothing measured yet: try it
         if self.rounds_since_drafter >= self.EXPLORE_EVERY:
             return True  # keep its estimate fresh even while skipped (a drafter that adapts online improves)
         gain = sum(max(0.0, self.drafter_value - e) for e in best_other)
         tokens = sum(1 + e for e in best_other)
         return gain / tokens > self.drafter_seconds / self.cost_model.cost_batch(len(best_other), width)
+
+    def drafter_is_cheap(self, rows: int) -> bool:
+        """Whether a drafter pass costs at most ``SCORE_COST`` of a plain step of ``rows`` rows (both measured),
+        so running it every round to score the look-up candidates (``DraftingConfig.drafter_scores``) is worth it."""
+        if self.drafter_seconds is None or not self.cost_model.measured:
+            return False
+        return self.drafter_seconds <= self.SCORE_COST * self.cost_model.cost_batch(rows, 1)
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add a finished request (prompt and output) to the global index."""
@@ -451,8 +541,15 @@ class HybridProposer:
             options_per_row.append(options)
         if run_drafter is not None:
             best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
-            if self.state.drafter_pays(best_other, self.max_len + 1):
-                block_tokens, block_probs = (t.tolist() for t in run_drafter())
+            pays = self.state.drafter_pays(best_other, self.max_len + 1)
+            scores = self.config.drafter_scores and self.state.drafter_is_cheap(len(row_ids))
+            if pays or scores:
+                block_tokens, block_probs, *score = run_drafter()
+                block_tokens, block_probs = block_tokens.tolist(), block_probs.tolist()
+                if scores and score:  # the drafter's opinion of every look-up token joins that token's feature
+                    for i, options in enumerate(options_per_row):
+                        options[:] = [(source, tokens, [f + (drafter_bucket(q),) for f, q in zip(features, score[0](i, tokens))])
+                                      for source, tokens, features in options]
                 for i, options in enumerate(options_per_row):
                     features = [drafter_feature(k, p) for k, p in enumerate(block_probs[i])]
                     options.insert(0, ("drafter", block_tokens[i], features))

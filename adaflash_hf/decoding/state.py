@@ -238,6 +238,7 @@ class SpeculativeBatch:
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         block_size = drafter.config.block_size if self.use_drafter else None
         self.proposer = HybridProposer(self.state, self.drafting, block_size, getattr(drafter, "adaflash_datastore", None))
+        self.state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         self.device = next(target.parameters()).device
         self.prefill_time = 0.0
         self._empty()
@@ -417,7 +418,7 @@ class SpeculativeBatch:
         round_start = start = timer(device)
         drafted: dict[str, torch.Tensor | float] = {}
 
-        def run_drafter() -> tuple[torch.Tensor, torch.Tensor]:
+        def run_drafter() -> tuple[torch.Tensor, torch.Tensor, Callable]:
             tick = timer(device)
             context, context_pos, context_mask = self.pending.take(self.ids, self.feature_size, self.embed.weight)
             key_mask = torch.cat([self.draft_mask, context_mask], dim=1)
@@ -426,7 +427,7 @@ class SpeculativeBatch:
             self.draft_mask = key_mask  # the drafter read the unread context into its cache
             tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
             drafted["seconds"] = timer(device) - tick
-            return tokens, top_probs
+            return tokens, top_probs, self.head.scorer(drafted["logits"], self.vocab_size)
 
         params = [self.specs[r].params for r in self.ids]
         sampled = [i for i, p in enumerate(params) if p.do_sample]

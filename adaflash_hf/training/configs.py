@@ -53,8 +53,18 @@ class PrepareDrafterConfig:
     min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
     datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
     corpus_tokens: int = field(default=0, metadata={"help": "Also count the target's greedy predictions on this many tokens of training corpus text (one forward per 512-token window: far cheaper than generating; every tenth window held out)."})
+    keep_vocab: bool = field(default=False, metadata={"help": "Keep the drafter's own draft vocabulary (only add the datastore and, with --acceptance-prompts, the acceptance prior); its coverage is still reported."})
+    acceptance_prompts: int = field(default=0, metadata={"help": "Also write acceptance_prior.json: run the engine (greedy) on this many of the last cached training prompts, with a datastore that leaves their responses out, and keep the acceptance rates it learned, so a fresh process starts calibrated (needs --data-dir; about 3 s per prompt for SmolLM2 on 2 CPU cores)."})
+    acceptance_tokens: int = field(default=96, metadata={"help": "New tokens per --acceptance-prompts prompt."})
 
     def __post_init__(self) -> None:
+        if self.acceptance_prompts < 0 or self.acceptance_tokens < 1:
+            raise ValueError(f"acceptance_prompts must be >= 0 and acceptance_tokens >= 1, got {self.acceptance_prompts} "
+                             f"and {self.acceptance_tokens}.")
+        if self.acceptance_prompts and self.data_dir is None:
+            raise ValueError("acceptance_prompts needs data_dir: the prompts come from the cached training responses.")
+        if self.keep_vocab and self.size is not None:
+            raise ValueError("keep_vocab keeps the drafter's draft vocabulary: drop size, or drop keep_vocab to choose a new one.")
         if self.size is not None and self.size < 1:
             raise ValueError(f"size must be >= 1 or unset, got {self.size}.")
         if self.corpus_tokens < 0:

@@ -87,7 +87,7 @@ def corpus_prediction_counts(target, tokenizer, domains: list[str], num_tokens: 
 
 
 def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
-    from ..decoding.proposers import DATASTORE_FILE, save_datastore
+    from ..decoding.proposers import DATASTORE_FILE, PRIOR_FILE, save_datastore
     from ..drafters import load_drafter
     from ..targets import load_target
 
@@ -116,17 +116,25 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     for row in table:
         print(f"{row['size']:>7} {row['heldout_coverage']:>18.4f}")
     size = config.size or next(r["size"] for r in table if r["heldout_coverage"] >= config.min_coverage or r["size"] == vocab_size)
-    if size >= vocab_size and config.size is None and len(table) > 1:  # keep the counting's work: take the largest tried size
+    if config.keep_vocab:
+        size = drafter.config.draft_vocab_size or vocab_size
+        kept = drafter.draft_vocab.cpu() if drafter.draft_vocab is not None else torch.arange(vocab_size)
+        kept_coverage = round(coverage(kept, eval_counts), 5)
+        print(f"keeping the drafter's draft vocabulary of {size} tokens: held-out coverage {kept_coverage:.4f}")
+    elif size >= vocab_size and config.size is None and len(table) > 1:  # keep the counting's work: take the largest tried size
         size = table[-2]["size"]
         print(f"note: no size below the whole vocabulary reaches held-out coverage {config.min_coverage} with this much data; "
               f"using {size} ({table[-2]['heldout_coverage']:.2%}). Count more tokens, or pass --size.")
-    drafter.set_draft_vocab(most_frequent(counts, size, vocab_size, always))
+    if not config.keep_vocab:
+        drafter.set_draft_vocab(most_frequent(counts, size, vocab_size, always))
     out = Path(config.output_dir)
     drafter.save_pretrained(out)
     write_datastore = config.datastore and bool(responses)
     (out / "draft_vocab.json").write_text(json.dumps({
-        "size": size, "heldout_coverage": next((r["heldout_coverage"] for r in table if r["size"] == size),
-                                                round(coverage(drafter.draft_vocab.cpu(), eval_counts), 5)),
+        "size": size, "heldout_coverage": (kept_coverage if config.keep_vocab else
+                                           next((r["heldout_coverage"] for r in table if r["size"] == size),
+                                                round(coverage(drafter.draft_vocab.cpu(), eval_counts), 5))),
+        "kept_vocab": config.keep_vocab,
         "counted_tokens": sum(counts.values()), "heldout_tokens": sum(eval_counts.values()),
         "response_tokens": sum(map(len, responses)), "corpus_prediction_tokens": config.corpus_tokens,
         "datastore_tokens": sum(map(len, responses)) if write_datastore else 0,
@@ -136,4 +144,39 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
         save_datastore(responses, out / DATASTORE_FILE)
     print(f"wrote {out} with a draft vocabulary of {size} tokens"
           + (f" and a datastore of {sum(map(len, responses))} response tokens" if write_datastore else ""))
+    if config.acceptance_prompts:
+        prior = learn_acceptance_prior(target, drafter, train[-config.acceptance_prompts:], responses, config.acceptance_tokens,
+                                       tokenizer.pad_token_id)
+        (out / PRIOR_FILE).write_text(json.dumps(prior) + "\n")
+        print(f"wrote {out / PRIOR_FILE}: acceptance counts for {len(prior['entries'])} features from "
+              f"{prior['prompts']} held-out training prompts")
     return 0
+
+
+@torch.inference_mode()
+def learn_acceptance_prior(target, drafter, sequences: list[TrainingSequence], responses: list[list[int]],
+                           max_new_tokens: int, pad_token_id: int | None) -> dict:
+    """The acceptance rates the engine learns decoding ``sequences``' prompts greedily, exported for ``acceptance_prior.json``.
+
+    Those prompts' own responses leave the datastore for this run (otherwise every datastore match would be
+    a perfect copy and its rates far too high); the drafter keeps its draft vocabulary and the default
+    drafting configuration, so the features are the ones live traffic produces.
+    """
+    from ..decoding.engine import generate
+    from ..decoding.proposers import DraftingState, NGramIndex
+
+    held = {tuple(s.input_ids[s.start :].tolist()) for s in sequences}
+    datastore = NGramIndex()
+    for stream in responses:
+        if tuple(stream) not in held:
+            datastore.start_stream(stream)
+    drafter.adaflash_datastore = datastore
+    from tqdm.auto import tqdm
+
+    state = DraftingState()
+    for s in tqdm(sequences, desc="acceptance prior", unit="prompt"):
+        prompt = s.input_ids[None, : s.start].to(target.device)
+        generate(target, drafter, prompt, torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False,
+                 pad_token_id=pad_token_id, drafting_state=state)
+    del drafter.adaflash_datastore
+    return {**state.estimator.export(), "prompts": len(sequences), "max_new_tokens": max_new_tokens}
