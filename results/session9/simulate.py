@@ -10,7 +10,8 @@ configurations of the look-up sources with each other, not with the bench's `ada
 python results/session9/simulate.py cache  [num_prompts_per_domain] [dtype]      # once: greedy outputs
 python results/session9/simulate.py run CONFIG [CONFIG ...]                      # e.g. nodes=16,branches=3 nodes=0
    CONFIG keys: nodes, branches, max_suffix, prior_weight, sources (e.g. suffix+datastore), prior (a file),
-   warm (1: eval rows twice, 2: held-out training rows first), cap, oracle, scale, any DraftingConfig field
+   warm (1: eval rows twice, 2: held-out training rows first), cap, oracle, scale, drafter_ms,
+   score_cost, any DraftingConfig field; SIM_DRAFTS=file picks the cached drafter blocks
 """
 import json
 import os
@@ -66,7 +67,7 @@ def cache_drafter(dtype: str, vocab: int = 0, top: int = 16, rows_path: Path | N
 
     torch.set_num_threads(2)
     target, _ = load_target("smollm2-135m", dtype=dtype)
-    drafter = load_drafter("auto", target, target_name="smollm2-135m")
+    drafter = load_drafter(os.environ.get("SIM_DRAFTER", "auto"), target, target_name="smollm2-135m")
     draft_vocab = drafter.draft_vocab
     if vocab:  # the `vocab` most frequent tokens of the datastore (the target's own outputs) within the shipped draft vocabulary
         from collections import Counter
@@ -142,11 +143,14 @@ def walk(tokens, parents, n, truth):
 
 def simulate(rows, spec: dict) -> dict:
     sources = spec["sources"].split("+")
-    extra = {k: v for k, v in spec.items() if k not in ("nodes", "branches", "max_suffix", "prior_weight", "sources", "oracle", "scale", "drafter_runnerups", "warm", "cap", "prior")}
+    extra = {k: v for k, v in spec.items() if k not in ("nodes", "branches", "max_suffix", "prior_weight", "sources", "oracle", "scale", "drafter_runnerups", "warm", "cap", "prior", "drafter_ms", "score_cost")}
     config = DraftingConfig(suffix="suffix" in sources, global_index="global" in sources, datastore="datastore" in sources,
                             tree_nodes=spec["nodes"], branches=spec["branches"],
                             **({"max_suffix_tokens": spec["max_suffix"]} if spec["max_suffix"] else {}), **extra)
     state = DraftingState(config)
+    drafter_ms = spec.get("drafter_ms", DRAFTER_MS)
+    if "score_cost" in spec:
+        state.SCORE_COST = spec["score_cost"]
     state.estimator.prior_weight = spec["prior_weight"]
     if spec.get("prior"):  # a shipped acceptance_prior.json (adaflash prepare-drafter --acceptance-prompts)
         from adaflash_hf.decoding.proposers import load_acceptance_prior
@@ -233,8 +237,8 @@ def simulate(rows, spec: dict) -> dict:
 
             proposal = proposer.propose([r], run_drafter if use_drafter else None, tree=proposer.trees, max_depths=[budget - 1])
             if ran:
-                spent += DRAFTER_MS
-                state.observe_round(1, model.cost(1), DRAFTER_MS / 1000)
+                spent += drafter_ms
+                state.observe_round(1, model.cost(1), drafter_ms / 1000)
             verify = int(policy.verify_lens(proposal.rates, None, proposal.sources).clamp(1, proposal.tokens.shape[1] + 1)[0])
             longest = int(proposal.lengths[0]) if proposal.parents is not None else min(int(proposal.lengths[0]), budget - 1)
             g = max(0, min(verify - 1, longest))
