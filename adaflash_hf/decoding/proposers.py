@@ -236,7 +236,6 @@ class AcceptanceEstimator:
                     seen, hits = seen / 2, hits / 2
                 self.seen[key], self.hits[key] = seen, hits
 
-
     def export(self) -> dict:
         """The counts as JSON-ready data: what :meth:`seed` reads (``acceptance_prior.json`` beside a drafter)."""
         entries = [[source, list(feature), round(self.hits.get((source, feature), 0.0), 3), round(seen, 3)]
@@ -261,12 +260,12 @@ def load_acceptance_prior(path: str | Path) -> dict:
         prior = json.loads(Path(path).read_text())
         if not isinstance(prior, dict) or prior.get("format") != PRIOR_FORMAT:
             raise ValueError(f"its 'format' is not {PRIOR_FORMAT!r}")
-        for entry in prior.get("entries", None) or []:
+        if not isinstance(prior.get("entries"), list):
+            raise ValueError("it has no 'entries' list")
+        for entry in prior["entries"]:
             source, feature, hits, seen = entry
             if source not in AcceptanceEstimator.PRIORS or not isinstance(feature, list) or not 0 <= hits <= seen:
                 raise ValueError(f"entry {entry!r} is not [source, feature, hits <= seen]")
-        if not isinstance(prior.get("entries"), list):
-            raise ValueError("it has no 'entries' list")
     except (OSError, ValueError, TypeError) as error:
         raise OSError(f"The acceptance prior {path} cannot be read ({error}): rebuild it with `adaflash prepare-drafter "
                       "--acceptance-prompts N`, or delete it (the engine then learns acceptance rates from scratch).") from error
@@ -518,10 +517,13 @@ class HybridProposer:
                 tree: bool = False, max_depths: Sequence[int] | None = None) -> Proposal:
         """Choose, per row, the candidate with the most expected accepted drafts, or (``tree``) merge them.
 
-        ``run_drafter()`` drafts a block for every row and returns its target ids (b, B-1) and top-1
-        probabilities (b, B-1); None without a drafter. It is called only when the drafter's expected
-        extra accepted tokens pay for its measured cost (:meth:`DraftingState.drafter_pays`); otherwise
-        the round skips it and its context waits for the next round that runs it.
+        ``run_drafter()`` drafts a block for every row and returns its target ids (b, B-1), top-1
+        probabilities (b, B-1) and a :meth:`DraftHead.scorer` of its logits; None without a drafter. It
+        is called when the drafter's expected extra accepted tokens pay for its measured cost
+        (:meth:`DraftingState.drafter_pays`) or, with ``DraftingConfig.drafter_scores``, when its pass is
+        cheap (:meth:`DraftingState.drafter_is_cheap`); then its probability of every look-up token joins
+        that token's feature. Otherwise the round skips it and its context waits for the next round that
+        runs it.
 
         With ``tree``, every candidate (each index also offers ``DraftingConfig.branches`` continuations)
         goes into one draft tree per row of at most ``DraftingConfig.tree_nodes`` nodes and
