@@ -162,21 +162,25 @@ def learn_acceptance_prior(target, drafter, sequences: list[TrainingSequence], r
     a perfect copy and its rates far too high); the drafter keeps its draft vocabulary and the default
     drafting configuration, so the features are the ones live traffic produces.
     """
+    from tqdm.auto import tqdm
+
     from ..decoding.engine import generate
     from ..decoding.proposers import DraftingState, NGramIndex
 
+    if not sequences:
+        raise ValueError("acceptance_prompts needs cached training responses under data_dir/train: run `adaflash generate-data` first.")
     held = {tuple(s.input_ids[s.start :].tolist()) for s in sequences}
     datastore = NGramIndex()
     for stream in responses:
         if tuple(stream) not in held:
             datastore.start_stream(stream)
     drafter.adaflash_datastore = datastore
-    from tqdm.auto import tqdm
-
     state = DraftingState()
-    for s in tqdm(sequences, desc="acceptance prior", unit="prompt"):
-        prompt = s.input_ids[None, : s.start].to(target.device)
-        generate(target, drafter, prompt, torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False,
-                 pad_token_id=pad_token_id, drafting_state=state)
-    del drafter.adaflash_datastore
+    try:
+        for s in tqdm(sequences, desc="acceptance prior", unit="prompt"):
+            prompt = s.input_ids[None, : s.start].to(target.device)
+            generate(target, drafter, prompt, torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False,
+                     pad_token_id=pad_token_id, drafting_state=state)
+    finally:
+        del drafter.adaflash_datastore
     return {**state.estimator.export(), "prompts": len(sequences), "max_new_tokens": max_new_tokens}
