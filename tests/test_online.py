@@ -26,6 +26,7 @@ from adaflash_hf.online import (
     publish_adapter,
 )
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
+from adaflash_hf.training.length_head import AlwaysDraftState
 from adaflash_hf.training.losses import clipped_reverse_kl, opd_topk_loss, topk_reverse_kl
 
 from conftest import left_pad, random_prompts, tiny_target
@@ -218,7 +219,9 @@ def test_a_swap_happens_only_between_rounds_and_never_tears(pair):
     thread.start()
     try:
         ids, mask = left_pad(random_prompts([5, 8]))
-        out = generate(target, drafter, ids, mask, max_new_tokens=30, do_sample=False, observer=SwapBetweenRounds())
+        # the drafter drafts every round (the default state skips it where it does not seem to pay)
+        out = generate(target, drafter, ids, mask, max_new_tokens=30, do_sample=False, observer=SwapBetweenRounds(),
+                       drafting_state=AlwaysDraftState())
     finally:
         stop.set()
         thread.join()
