@@ -75,7 +75,6 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self.use_drafter = self.drafting.drafter
         self.embed = target.get_input_embeddings()
         self.head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab) if self.use_drafter else None
-        self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.layer_ids = drafter.config.target_layer_ids
         self.max_length = generation_config.max_length
         self.policy = verify_policy or state.policy
@@ -135,7 +134,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             self._cached_len, self._waiting = processed, []
             tokens, top_probs, logits = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
             drafted["seconds"] = time.perf_counter() - tick
-            return tokens, top_probs, self.head.scorer(logits, self.vocab_size)
+            return tokens, top_probs, self.head.scorer(logits)
 
         if wants_drafts(self.policy, 1):
             proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)

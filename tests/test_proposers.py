@@ -313,13 +313,14 @@ def test_the_drafter_scores_candidate_tokens_with_its_own_probabilities(target):
     vocab = torch.arange(4, 40)
     head = DraftHead(target.get_output_embeddings(), vocab)
     logits = torch.randn(2, 3, len(vocab))
-    score = head.scorer(logits, target.config.vocab_size)
+    score = head.scorer(logits)
     probs = logits.softmax(-1)
     tokens = [5, 39, 2, 7, 8]  # 2 is outside the draft vocabulary; positions past the block (3) have no opinion
-    got = score(1, tokens)
+    got, other = score([(1, tokens), (0, [39])])  # one gather answers every query of a round
     assert got[3:] == [None, None] and got[2] == 0.0
     assert got[0] == pytest.approx(float(probs[1, 0, 1])) and got[1] == pytest.approx(float(probs[1, 1, 35]))
-    assert score(0, []) == []
+    assert other[0] == pytest.approx(float(probs[0, 0, 35]))
+    assert score([(0, [])]) == [[]] and score([]) == []
     assert [drafter_bucket(p) for p in (None, 0.001, 0.05, 0.2, 0.9)] == ["q-", "q0", "q1", "q2", "q3"]
 
 
@@ -335,7 +336,7 @@ def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(chea
 
     def run_drafter():
         calls.append(1)
-        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), lambda row, tokens: [0.6] * len(tokens)
+        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), lambda queries: [[0.6] * len(t) for _, t in queries]
 
     proposer.propose([0], run_drafter, tree=True, max_depths=[8])
     suffix_features = [f for source, _, features in proposer._options[0] if source == "suffix" for f in features]

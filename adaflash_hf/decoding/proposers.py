@@ -21,6 +21,7 @@ tokens to verify is the verify-length policy's decision (:mod:`.policy`).
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -254,8 +255,6 @@ class AcceptanceEstimator:
 
 def load_acceptance_prior(path: str | Path) -> dict:
     """Read an ``acceptance_prior.json``; a malformed one is an error that says how to rebuild or drop it."""
-    import json
-
     try:
         prior = json.loads(Path(path).read_text())
         if not isinstance(prior, dict) or prior.get("format") != PRIOR_FORMAT:
@@ -294,7 +293,10 @@ class DraftHead:
         self.weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
         self.bias = None if getattr(lm_head, "bias", None) is None else (
             lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
-        self._index: torch.Tensor | None = None  # target id -> draft-vocabulary index (-1: not in it), built on first use
+        vocab_size, device = lm_head.weight.shape[0], lm_head.weight.device
+        draft_ids = torch.arange(vocab_size, device=device) if vocab is None else vocab.to(device)
+        self._index = torch.full((vocab_size,), -1, dtype=torch.long, device=device).index_copy_(  # target id -> draft index
+            0, draft_ids, torch.arange(draft_ids.numel(), device=device))
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V_draft) logits over the draft vocabulary."""
@@ -306,24 +308,33 @@ class DraftHead:
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab is None else self.vocab.to(draft_ids.device)[draft_ids]
 
-    def scorer(self, logits: torch.Tensor, vocab_size: int) -> Callable[[int, Sequence[int]], list[float | None]]:
-        """From a block's draft logits (b, g, V_draft): ``score(row, tokens)``, the drafter's probability of
-        ``tokens[j]`` at block position j + 1 (0 outside the draft vocabulary, None past the block)."""
-        if self._index is None or self._index.shape[0] != vocab_size:
-            index = torch.full((vocab_size,), -1, dtype=torch.long)
-            draft_ids = self.vocab.cpu() if self.vocab is not None else torch.arange(vocab_size)
-            self._index = index.index_copy_(0, draft_ids, torch.arange(draft_ids.numel()))  # target id -> draft index
-        width, normalised = logits.shape[1], []  # log-probabilities, computed on the first call
+    def scorer(self, logits: torch.Tensor) -> Callable[[Sequence[tuple[int, Sequence[int]]]], list[list[float | None]]]:
+        """From a block's draft logits (b, g, V_draft): ``score(queries)``, for each query ``(row, tokens)`` the
+        drafter's probability of ``tokens[j]`` at block position j + 1 (0 outside the draft vocabulary, None
+        past the block); one gather for all queries of a round."""
+        width, normaliser = logits.shape[1], []  # log-normaliser (b, g), computed on the first call
 
-        def score(row: int, tokens: Sequence[int]) -> list[float | None]:
-            j = min(len(tokens), width)
-            if j == 0:
-                return [None] * len(tokens)
-            if not normalised:
-                normalised.append((logits.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).cpu())
-            ids = self._index[torch.tensor(tokens[:j], dtype=torch.long).clamp(0, vocab_size - 1)]
-            probs = normalised[0][row, torch.arange(j), ids.clamp_min(0)].exp() * (ids >= 0)
-            return probs.tolist() + [None] * (len(tokens) - j)
+        def score(queries: Sequence[tuple[int, Sequence[int]]]) -> list[list[float | None]]:
+            rows, positions, ids, sizes = [], [], [], []
+            for row, tokens in queries:
+                j = min(len(tokens), width)
+                rows += [row] * j
+                positions += range(j)
+                ids += tokens[:j]
+                sizes.append((j, len(tokens)))
+            flat: list[float] = []
+            if ids:
+                if not normaliser:
+                    normaliser.append(torch.logsumexp(logits.float(), dim=-1))
+                r, p = torch.tensor(rows, device=logits.device), torch.tensor(positions, device=logits.device)
+                index = self._index[torch.tensor(ids, device=logits.device)]
+                log_probs = logits[r, p, index.clamp_min(0)].float() - normaliser[0][r, p]
+                flat = (log_probs.exp() * (index >= 0)).tolist()
+            out, start = [], 0
+            for j, n in sizes:
+                out.append(flat[start : start + j] + [None] * (n - j))
+                start += j
+            return out
 
         return score
 
@@ -513,7 +524,7 @@ class HybridProposer:
             self.state.remember(history)
         self.rows.pop(row, None)
 
-    def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None,
+    def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor, Callable]] | None,
                 tree: bool = False, max_depths: Sequence[int] | None = None) -> Proposal:
         """Choose, per row, the candidate with the most expected accepted drafts, or (``tree``) merge them.
 
@@ -546,11 +557,12 @@ class HybridProposer:
             pays = self.state.drafter_pays(best_other, self.max_len + 1)
             scores = self.config.drafter_scores and self.state.drafter_is_cheap(len(row_ids))
             if pays or scores:
-                block_tokens, block_probs, *score = run_drafter()
+                block_tokens, block_probs, score = run_drafter()
                 block_tokens, block_probs = block_tokens.tolist(), block_probs.tolist()
-                if scores and score:  # the drafter's opinion of every look-up token joins that token's feature
-                    for i, options in enumerate(options_per_row):
-                        options[:] = [(source, tokens, [f + (drafter_bucket(q),) for f, q in zip(features, score[0](i, tokens))])
+                if scores:  # the drafter's opinion of every look-up token joins that token's feature
+                    probs = iter(score([(i, tokens) for i, options in enumerate(options_per_row) for _, tokens, _ in options]))
+                    for options in options_per_row:
+                        options[:] = [(source, tokens, [f + (drafter_bucket(q),) for f, q in zip(features, next(probs))])
                                       for source, tokens, features in options]
                 for i, options in enumerate(options_per_row):
                     features = [drafter_feature(k, p) for k, p in enumerate(block_probs[i])]

@@ -427,7 +427,7 @@ class SpeculativeBatch:
             self.draft_mask = key_mask  # the drafter read the unread context into its cache
             tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
             drafted["seconds"] = timer(device) - tick
-            return tokens, top_probs, self.head.scorer(drafted["logits"], self.vocab_size)
+            return tokens, top_probs, self.head.scorer(drafted["logits"])
 
         params = [self.specs[r].params for r in self.ids]
         sampled = [i for i, p in enumerate(params) if p.do_sample]

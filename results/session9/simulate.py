@@ -229,9 +229,9 @@ def simulate(rows, spec: dict) -> dict:
                 block = current["block"] = blocks[r][produced - 1]  # anchor: the newest token, truth[produced - 1]
                 ran.append(True)
 
-                def score(_, tokens):  # the drafter's probability of each candidate token (0 outside its top 16)
-                    return [dict(zip(block["ids"][j], block["probs"][j])).get(t, 0.0) if j < len(block["ids"]) else None
-                            for j, t in enumerate(tokens)]
+                def score(queries):  # the drafter's probability of each candidate token (0 outside its top 16)
+                    return [[dict(zip(block["ids"][j], block["probs"][j])).get(t, 0.0) if j < len(block["ids"]) else None
+                             for j, t in enumerate(tokens)] for _, tokens in queries]
 
                 return torch.tensor([[ids[0] for ids in block["ids"]]]), torch.tensor([[p[0] for p in block["probs"]]]), score
 
