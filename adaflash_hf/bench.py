@@ -36,7 +36,7 @@ from .targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("target", "adaflash", "adaflash-chain", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
+METHODS = ("target", "target-stock", "adaflash", "adaflash-chain", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
            "prompt-lookup", "assisted", "dflash-builtin")
 POSITIONS = 16  # draft positions whose acceptance is recorded (covers the block and suffix matches)
 SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global", "adaflash-datastore": "datastore"}
@@ -192,6 +192,7 @@ def run_bench(args: BenchArgs) -> int:
     )
     from .checks import check_verify_len
     from .drafters import load_drafter
+    from .kernels import stock_linear
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
@@ -228,6 +229,9 @@ def run_bench(args: BenchArgs) -> int:
         mask = torch.ones_like(ids)
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
+        if method == "target-stock":  # the same plain decoding through torch's stock bf16 linear kernels
+            with stock_linear(target):
+                return target.generate(ids, attention_mask=mask, **common)[0], None
         if method.startswith("adaflash"):
             out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
                            verify_policy=policies[method], drafting=draftings[method], drafting_state=states[method])

@@ -93,6 +93,22 @@ def test_verify_cost_model_averages_and_extrapolates_from_measurements():
     assert cost.cost(2) == pytest.approx(1.5 / 1.2)
 
 
+def test_verify_cost_tables_stay_monotone_and_fresh_measurements_win():
+    cost = VerifyCostModel(decay=1.0)  # each update replaces its entry, to read the rule plainly
+    cost.update(1, 0.070)  # slow first round (cold kernels)
+    for n in (5, 9, 13):
+        cost.update(n, 0.040 + 0.002 * n)  # trees: the one-token entry is never measured again
+    assert cost.cost(1) == pytest.approx(0.050)  # lowered to the fresher 5-token forward
+    assert [cost.cost(n) for n in range(1, 14)] == sorted(cost.cost(n) for n in range(1, 14))
+    cost.update(2, 0.090)  # a fresh slow 2-token forward raises the larger entries it contradicts
+    assert cost.cost(13) == pytest.approx(0.090) and cost.cost(1) == pytest.approx(0.050)
+    cost.update(3 * 4, 0.060, rows=3)  # 3 rows of 4 tokens
+    cost.update(3 * 2, 0.080, rows=3)  # a slower 2-token one later lowers nothing below, raises width 4
+    assert cost.cost_batch(3, 4) == pytest.approx(0.080)
+    cost.update(3, 0.100, rows=3)  # plain step of 3 rows, fresh and slow: the wider entries follow it
+    assert cost.cost_batch(3, 2) == pytest.approx(0.100) and cost.row_seconds[3] == pytest.approx(0.100)
+
+
 def test_batched_cost_interpolates_along_rows_at_a_measured_width():
     cost = VerifyCostModel()
     cost.update(1, 0.010)

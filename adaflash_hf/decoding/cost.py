@@ -5,6 +5,11 @@ new tokens. On a GPU (and in bf16 on AMX CPUs) that cost is nearly flat up to te
 CPUs it grows early. The model therefore measures instead of assuming: an exponential moving average
 of the seconds per forward for each token count seen, and, for counts not seen yet, the nearest
 measured smaller count scaled by a prior slope. Memory is bounded by the largest token count.
+
+The tables stay monotone: a forward with more new tokens (or rows) never costs less than one with fewer.
+Each fresh measurement wins over the entries it contradicts. Without that, an entry that is rarely
+measured again (the one-token step, while the engine verifies trees) keeps the cost of slow first
+rounds, and an inflated plain step makes every speculative choice look cheap.
 """
 
 from __future__ import annotations
@@ -58,10 +63,16 @@ class VerifyCostModel:
         """Feed a measured forward of ``rows`` rows with ``num_tokens`` new tokens in all."""
         if rows <= 1:
             self._ema(self.seconds, num_tokens, seconds)
+            _keep_monotone(self.seconds, num_tokens)
         else:
-            self._ema(self.batch_seconds, (rows, num_tokens // rows), seconds)
+            width = num_tokens // rows
+            self._ema(self.batch_seconds, (rows, width), seconds)
+            same_rows = {w: t for (r, w), t in self.batch_seconds.items() if r == rows}
+            _keep_monotone(same_rows, width)
+            self.batch_seconds.update({(rows, w): t for w, t in same_rows.items()})
             if num_tokens == rows:
                 self._ema(self.row_seconds, rows, seconds)
+                _keep_monotone(self.row_seconds, rows)
 
     def cost_batch(self, rows: int, width: int) -> float:
         """Estimated seconds of a forward of ``rows`` rows with ``width`` new tokens each.
@@ -174,6 +185,15 @@ class VerifyCostModel:
             measured[n] = best
             self.seconds[n] = best
         return measured
+
+
+def _keep_monotone(table: dict[int, float], fresh: int) -> None:
+    """Make ``table`` non-decreasing in its key around the entry ``fresh`` just updated (in place): smaller
+    keys that cost more are lowered to it, larger keys that cost less are raised to it."""
+    value = table[fresh]
+    for key, seconds in table.items():
+        if (key < fresh and seconds > value) or (key > fresh and seconds < value):
+            table[key] = value
 
 
 def _interpolate(table: dict[int, float], key: int) -> float:

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..kernels import PackedLinear, can_pack, pack_weight, packed_linear, use_packed
 from .cost import VerifyCostModel
 from .policy import GoodputVerifyLength
 from .tree import build_tree, chain_rates
@@ -285,7 +286,8 @@ class DraftHead:
 
     FR-Spec / EAGLE-3: most of the output mass sits on a small share of the vocabulary, and the lm_head
     is the drafter's main cost. Verification always uses the full vocabulary, so this stays lossless.
-    The sliced weight is copied once per generation call.
+    The sliced weight is copied once per generation call (and packed for oneDNN where the target's own
+    lm_head is, :mod:`adaflash_hf.kernels`).
     """
 
     def __init__(self, lm_head: torch.nn.Module, vocab: torch.Tensor | None):
@@ -293,6 +295,7 @@ class DraftHead:
         self.weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
         self.bias = None if getattr(lm_head, "bias", None) is None else (
             lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
+        self.packed = pack_weight(self.weight) if isinstance(lm_head, PackedLinear) and can_pack(self.weight) else None
         vocab_size, device = lm_head.weight.shape[0], lm_head.weight.device
         draft_ids = torch.arange(vocab_size, device=device) if vocab is None else vocab.to(device)
         self._index = torch.full((vocab_size,), -1, dtype=torch.long, device=device).index_copy_(  # target id -> draft index
@@ -303,6 +306,8 @@ class DraftHead:
         # As a 2-D (rows, H) matmul: a sliced 3-D input such as hidden[:, 1:] keeps a non-standard stride
         # on its size-1 batch dim, which sends CPU bf16 matmuls down a path ~15x slower (measured).
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+        if self.packed is not None and use_packed(flat, self.weight):
+            return packed_linear(flat, self.packed, self.bias).view(*hidden_states.shape[:-1], -1)
         return F.linear(flat, self.weight, self.bias).view(*hidden_states.shape[:-1], -1)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ DRAFTER_MS = 2.6  # one drafter pass, bf16, batch 1: draft layer 2.1 ms + 4k dra
 BUNDLED = Path(__file__).resolve().parents[2] / "adaflash_hf/bundled/smollm2-135m"
 # bf16 SmolLM2 forward of k new tokens over a 256-token cache, ms (session 8, results/session8/verify_cost.py)
 COSTS = {1: 39.4, 2: 46.6, 4: 51.5, 8: 58.2, 12: 69.0, 16: 77.4, 24: 97.1, 32: 111.7}
+if os.environ.get("SIM_COSTS"):  # another verify-cost curve, JSON {"tokens": ms}
+    COSTS = {int(k): float(v) for k, v in json.loads(os.environ["SIM_COSTS"]).items()}
 ROUND_OVERHEAD_MS = 0.8  # look-ups, tree building and bookkeeping per round (profile: 0.2-0.5 ms + tree)
 
 
