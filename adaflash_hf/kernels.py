@@ -107,8 +107,8 @@ def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool
     packed = pack_weight(weight)
     for n in tokens:
         x = torch.randn(1, n, weight.shape[1], dtype=weight.dtype)
-        stock = _median_ms(lambda: F.linear(x, weight))
-        fast = _median_ms(lambda: packed_linear(x, packed, None))
+        stock = _median_ms(lambda x=x: F.linear(x, weight))
+        fast = _median_ms(lambda x=x: packed_linear(x, packed, None))
         if fast > 0.95 * stock:
             logger.info("packed bf16 linear not faster here (%d tokens: %.3f ms vs %.3f ms)", n, fast, stock)
             return False

@@ -9,7 +9,14 @@ import torch
 
 from adaflash_hf import generate
 from adaflash_hf.decoding.proposers import DraftHead
-from adaflash_hf.kernels import PackedLinear, is_packed, pack_linear_weights, packing_available, stock_linear, unpack_linear_weights
+from adaflash_hf.kernels import (
+    PackedLinear,
+    is_packed,
+    pack_linear_weights,
+    packing_available,
+    stock_linear,
+    unpack_linear_weights,
+)
 
 from conftest import left_pad, random_prompts, tiny_target
 
