@@ -7,16 +7,25 @@ adaflash-hf supports transformers 5.23 and 5.24. Differences it has to bridge:
 - SDPA attention repeats a grouped-query model's keys and values for every query head
   (``repeat_kv``: a copy of the whole cache per layer) whenever a forward has more than one query
   token and a mask, unless ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (read at each call, in both versions).
+- Ragged verification (:func:`ragged_forward`) runs a batch's new tokens through the model packed
+  into one row, so its linear layers see only real tokens. It relies on three things both versions
+  do: a 4-D ``attention_mask`` reaches the attention function untouched, ``DynamicCache.update``
+  is called with the layer's new keys and values before attention, and attention functions are
+  looked up by name in ``ALL_ATTENTION_FUNCTIONS`` at each call (a local override of ``"sdpa"``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
+import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import transformers
 from packaging.version import Version
+from transformers import DynamicCache
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 MIN_TRANSFORMERS = Version("5.23.0")
@@ -54,3 +63,109 @@ def sdpa_gqa(device: torch.device, query_tokens: int):
         yield
     finally:
         os.environ.pop(_FORCE_GQA, None)
+
+
+@dataclass
+class RaggedLayout:
+    """Where each of a verification's T real tokens sits in the padded (b, W) layout, and back.
+
+    ``rows``/``cols`` (T,): the padded slot of each packed token; ``gather`` (b, W): the packed token
+    each padded slot copies (a row's padding repeats its last real token, so every padded slot holds
+    finite values that the masks and the acceptance never read as real).
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    gather: torch.Tensor
+
+    @classmethod
+    def from_lengths(cls, lengths: torch.Tensor, width: int) -> RaggedLayout:
+        """lengths (b,) real tokens per row (each >= 1), width W >= max(lengths)."""
+        device = lengths.device
+        b = lengths.shape[0]
+        col = torch.arange(width, device=device)[None].expand(b, -1)
+        real = col < lengths[:, None]  # (b, W)
+        rows, cols = real.nonzero(as_tuple=True)  # row-major: the packed order
+        starts = lengths.cumsum(0) - lengths  # (b,) first packed index of each row
+        gather = starts[:, None] + torch.minimum(col, lengths[:, None] - 1)  # (b, W)
+        return cls(rows, cols, gather)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.rows.shape[0]
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(b, W, ...) -> (1, T, ...)"""
+        return x[self.rows, self.cols][None]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, T, ...) -> (b, W, ...)"""
+        return x[0][self.gather]
+
+    def unpack_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, h, T, d) -> (b, h, W, d), for queries, keys and values"""
+        return self.unpack(x.transpose(1, 2)).transpose(1, 2)
+
+
+_RAGGED: contextvars.ContextVar[RaggedLayout | None] = contextvars.ContextVar("adaflash_ragged", default=None)
+
+
+class RaggedCache(DynamicCache):
+    """A DynamicCache that takes a ragged verification's packed keys and values (inside
+    :func:`ragged_forward`) and stores them in the padded (b, heads, W, d) layout; otherwise a DynamicCache."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layout = _RAGGED.get()
+        if layout is not None:
+            key_states, value_states = layout.unpack_heads(key_states), layout.unpack_heads(value_states)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def _ragged_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
+    """SDPA over the padded layout for a packed query (1, H, T, d); returns (1, T, H, d) like SDPA's (b, q, H, d)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    layout = _RAGGED.get()
+    if layout is None:  # not a ragged forward: whatever "sdpa" was before the override
+        return (_OVERRIDE_USERS[1] or sdpa_attention_forward)(module, query, key, value, attention_mask, *args, **kwargs)
+    out, weights = sdpa_attention_forward(module, layout.unpack_heads(query), key, value, attention_mask, *args, **kwargs)
+    return layout.pack(out), weights  # (b, W, H, d) -> (1, T, H, d)
+
+
+def supports_ragged(model: torch.nn.Module) -> bool:
+    """Whether :func:`ragged_forward` applies: a model that runs transformers' SDPA attention."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+
+
+_OVERRIDE_LOCK = threading.Lock()
+_OVERRIDE_USERS = [0, None]  # forwards inside ragged_forward across threads; the "sdpa" override they replaced
+
+
+@contextmanager
+def ragged_forward(layout: RaggedLayout):
+    """Inside the block, a forward of packed input (1, T) with a :class:`RaggedCache` and a padded 4-D mask
+    (b, 1, W, S + W) attends row by row as the padded forward would, while its linear layers see T tokens.
+
+    The ``"sdpa"`` override is installed while any thread is inside the block and passes every other
+    attention call (other threads, other models) through to transformers' SDPA unchanged.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    with _OVERRIDE_LOCK:
+        if _OVERRIDE_USERS[0] == 0:
+            _OVERRIDE_USERS[1] = local.get("sdpa")
+            local["sdpa"] = _ragged_sdpa
+        _OVERRIDE_USERS[0] += 1
+    token = _RAGGED.set(layout)
+    try:
+        yield
+    finally:
+        _RAGGED.reset(token)
+        with _OVERRIDE_LOCK:
+            _OVERRIDE_USERS[0] -= 1
+            if _OVERRIDE_USERS[0] == 0:
+                if _OVERRIDE_USERS[1] is None:
+                    local.pop("sdpa", None)
+                else:
+                    local["sdpa"] = _OVERRIDE_USERS[1]

@@ -49,19 +49,25 @@ class VerifyCostModel:
         self.seconds: dict[int, float] = {}
         self.row_seconds: dict[int, float] = {}
         self.batch_seconds: dict[tuple[int, int], float] = {}
+        self.ragged_seconds: dict[int, dict[int, float]] = {}  # rows -> {new tokens in all: seconds}, ragged forwards
 
     @property
     def measured(self) -> bool:
         """Whether any forward has been timed yet (before that, costs are relative units, not seconds)."""
-        return bool(self.seconds or self.row_seconds or self.batch_seconds)
+        return bool(self.seconds or self.row_seconds or self.batch_seconds or self.ragged_seconds)
 
     def _ema(self, table: dict, key, seconds: float) -> None:
         old = table.get(key)
         table[key] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
 
-    def update(self, num_tokens: int, seconds: float, rows: int = 1) -> None:
-        """Feed a measured forward of ``rows`` rows with ``num_tokens`` new tokens in all."""
-        if rows <= 1:
+    def update(self, num_tokens: int, seconds: float, rows: int = 1, ragged: bool = False) -> None:
+        """Feed a measured forward of ``rows`` rows with ``num_tokens`` new tokens in all (``ragged``: rows
+        of different lengths packed into one, see :meth:`cost_ragged`)."""
+        if ragged and rows > 1:
+            table = self.ragged_seconds.setdefault(rows, {})
+            self._ema(table, num_tokens, seconds)
+            _keep_monotone(table, num_tokens)
+        elif rows <= 1:
             self._ema(self.seconds, num_tokens, seconds)
             _keep_monotone(self.seconds, num_tokens)
         else:
@@ -92,6 +98,20 @@ class VerifyCostModel:
             return _interpolate(same_width, rows)
         base = _interpolate(self.row_seconds, rows) if self.row_seconds else self.cost(rows)
         return base * self.cost(rows * width) / self.cost(rows)
+
+    def cost_ragged(self, rows: int, num_tokens: int) -> float:
+        """Estimated seconds of a ragged forward: ``rows`` rows with ``num_tokens`` new tokens in all, packed
+        so that the linear layers see only those tokens.
+
+        Interpolated along the ragged forwards measured at this many rows once there are two; before that,
+        a rectangular forward of the same tokens per row (rounded up), which costs at least as much.
+        """
+        if rows <= 1:
+            return self.cost(num_tokens)
+        table = self.ragged_seconds.get(rows)
+        if table and (num_tokens in table or len(table) >= 2):
+            return _interpolate(table, num_tokens)
+        return self.cost_batch(rows, -(-num_tokens // rows))
 
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds (or relative units before any measurement) of a forward with num_tokens new tokens.

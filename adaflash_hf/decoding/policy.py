@@ -2,8 +2,9 @@
 
 ``verify_len`` counts the anchor (last accepted token) plus the drafts checked, so a policy returns
 values in [1, m + 1] for a proposal of m drafts, and a row verifies ``verify_len - 1`` drafts (1 is a
-plain decode step). The engine runs one target forward over the longest row's verify length and caps
-each row's acceptance at its own.
+plain decode step). The engine runs one target forward over every row's verify length: rows packed
+into one ("ragged", so the linear layers see only the real tokens) where the target runs SDPA
+attention, else padded to the longest row.
 
 A policy sees the estimated conditional acceptance of every proposed draft, the drafter's hidden
 states for the block (the adaptive length head reads them) and, optionally, where each row's drafts
@@ -65,6 +66,35 @@ def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_ver
     return int((tokens / costs).argmax()) + 1
 
 
+MIN_GAIN = 0.02  # a draft less likely than this to be accepted never pays for its verification
+
+
+def ragged_verify_lens(rates: torch.Tensor, cost_model: VerifyCostModel, max_verify_len: int | None = None) -> torch.Tensor:
+    """Per-row verify lengths that maximise the batch's expected tokens per second in a ragged forward.
+
+    rates (b, m) conditional acceptance rates -> (b,) verify lengths in [1, m + 1]. Draft k of row i
+    adds prod_{j<=k} a_ij expected tokens, which never grows with k, so for any number of drafts in
+    all the best set takes the likeliest drafts across rows, each row a prefix (DESIGN §2); the total
+    is then chosen against the measured cost of a ragged forward of that many tokens
+    (:meth:`VerifyCostModel.cost_ragged`). Rows whose drafts are unlikely verify only their anchor.
+    """
+    b, m = rates.shape
+    if max_verify_len is not None:
+        m = min(m, max_verify_len - 1)
+    lengths = torch.ones(b, dtype=torch.long)
+    if m < 1:
+        return lengths
+    gains = rates[:, :m].float().cpu().clamp(0, 1).cumprod(-1).flatten()  # (b * m,), row-major
+    values, order = gains.sort(descending=True, stable=True)  # equal gains keep position order: prefixes per row
+    n = int((values > MIN_GAIN).sum())
+    if n == 0:
+        return lengths
+    tokens = b + torch.cat([torch.zeros(1), values[:n].cumsum(0)])  # (n + 1,) expected tokens with the top j drafts
+    costs = torch.tensor([cost_model.cost_ragged(b, b + j) for j in range(n + 1)])
+    best = int((tokens / costs).argmax())
+    return lengths + torch.bincount(order[:best] // m, minlength=b)
+
+
 @dataclass
 class FixedVerifyLength:
     """Verify a fixed number of tokens per row (default: the whole proposal)."""
@@ -95,7 +125,8 @@ class GoodputVerifyLength:
     E comes from the proposal's estimated acceptance rates; cost from a :class:`VerifyCostModel`, measured
     on this machine as rounds run (the engine binds the drafting state's model when none is given). g = 0
     (a plain step) wins when no draft is likely enough to pay for a longer forward. The forward is
-    rectangular, so one g serves the whole batch.
+    rectangular, so one g serves the whole batch; where the engine runs ragged forwards (``ragged``,
+    set by the engine for SDPA targets) each row gets its own length (:func:`ragged_verify_lens`).
 
     A guard checks the model against what rounds actually deliver, before anything is proposed
     (:meth:`wants_drafts`). For each batch size (bucketed by powers of two) it keeps what whole rounds
@@ -124,6 +155,7 @@ class GoodputVerifyLength:
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
+    ragged: bool = False
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
     _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
@@ -162,7 +194,10 @@ class GoodputVerifyLength:
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
-        length = goodput_verify_len(rates, self.cost_model or VerifyCostModel(), self.max_verify_len)
+        cost_model = self.cost_model or VerifyCostModel()
+        if self.ragged and rates.shape[0] > 1:
+            return ragged_verify_lens(rates, cost_model, self.max_verify_len)
+        length = goodput_verify_len(rates, cost_model, self.max_verify_len)
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:

@@ -416,10 +416,11 @@ class DraftingState:
             self.estimator.seed(prior)
             self.seeded = True
 
-    def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None, rows: int = 1) -> None:
-        """Feed one round's measured costs: the verification forward (``rows`` rows, ``num_tokens`` in all)
-        and, if it ran, the drafter."""
-        self.cost_model.update(num_tokens, verify_seconds, rows)
+    def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None, rows: int = 1,
+                      ragged: bool = False) -> None:
+        """Feed one round's measured costs: the verification forward (``rows`` rows, ``num_tokens`` in all,
+        ``ragged`` when rows of different lengths were packed) and, if it ran, the drafter."""
+        self.cost_model.update(num_tokens, verify_seconds, rows, ragged=ragged)
         if drafter_seconds is not None:
             self.rounds_since_drafter = 0
             old = self.drafter_seconds

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .._compat import CACHE_KWARG, sdpa_gqa
+from .._compat import CACHE_KWARG, RaggedCache, RaggedLayout, ragged_forward, sdpa_gqa, supports_ragged
 from .cost import timer
 from .outputs import RoundStats
 from .policy import GoodputVerifyLength, VerifyLengthPolicy, wants_drafts
@@ -225,8 +225,11 @@ class SpeculativeBatch:
         self.drafting = drafting or self.state.config
         self.use_drafter = drafter is not None and self.drafting.drafter
         self.policy = verify_policy or self.state.policy
-        if isinstance(self.policy, GoodputVerifyLength) and self.policy.cost_model is None:
-            self.policy.cost_model = self.state.cost_model
+        self.ragged = supports_ragged(target)  # rows of different verify lengths packed into one forward
+        if isinstance(self.policy, GoodputVerifyLength):
+            if self.policy.cost_model is None:
+                self.policy.cost_model = self.state.cost_model
+            self.policy.ragged = self.ragged
         self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
         self.compact_min_slots = compact_min_slots
         self.observer = observer
@@ -247,7 +250,7 @@ class SpeculativeBatch:
         self.ids: list[Hashable] = []
         self.specs: dict[Hashable, RowSpec] = {}
         self.num_new: dict[Hashable, int] = {}
-        self.target_cache, self.draft_cache = DynamicCache(), DynamicCache()
+        self.target_cache, self.draft_cache = RaggedCache(), DynamicCache()
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, S) 1 where a slot holds a token
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
         self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
@@ -287,7 +290,7 @@ class SpeculativeBatch:
             input_ids[i, width - len(spec.prompt_ids):] = torch.as_tensor(list(spec.prompt_ids), dtype=torch.long)
             attention_mask[i, width - len(spec.prompt_ids):] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-        cache = DynamicCache()
+        cache = RaggedCache()
         with sdpa_gqa(self.device, width):
             out = self.target(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -454,25 +457,46 @@ class SpeculativeBatch:
         draft_time = timer(device) - start
 
         # Verify: one target pass over [anchor, drafts] for every row; a tree's nodes see only their ancestors.
+        # Rows of different lengths are packed into one row (ragged) where that saves tokens, so the linear
+        # layers see only real ones; attention still runs per row over the padded layout.
         start = timer(device)
         verify_ids = torch.cat([self.last_token[:, None], draft_tokens], dim=1)  # (b, g + 1)
+        verify_lengths = num_drafts + 1  # (b,)
+        num_verified = int(verify_lengths.sum())
+        ragged = self.ragged and len(self.ids) > 1 and num_verified < verify_ids.numel()
         if parents is None:
             verify_pos = self.next_pos[:, None] + torch.arange(g + 1, device=device)
-            attention_mask = torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1)  # (b, S + g + 1)
+            if ragged:  # a chain is a tree whose node j's parent is slot j
+                chain = torch.arange(g, device=device)[None].expand(len(self.ids), -1)
+                attention_mask = tree_attention_mask(self.slot_mask, chain, self.target.dtype)
+            else:
+                attention_mask = torch.cat([self.slot_mask, torch.ones_like(verify_ids)], dim=1)  # (b, S + g + 1)
         else:
             depths = proposal.depths[:, :g].to(device)  # (b, g), 1 for a child of the anchor
             verify_pos = self.next_pos[:, None] + torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
             attention_mask = tree_attention_mask(self.slot_mask, parents, self.target.dtype)  # (b, 1, g + 1, S + g + 1)
-        with sdpa_gqa(device, g + 1):
-            out = self.target(
-                input_ids=verify_ids, position_ids=verify_pos, attention_mask=attention_mask,
-                output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
-            )
+        if ragged:
+            layout = RaggedLayout.from_lengths(verify_lengths, g + 1)
+            with sdpa_gqa(device, g + 1), ragged_forward(layout):
+                out = self.target(
+                    input_ids=layout.pack(verify_ids), position_ids=layout.pack(verify_pos), attention_mask=attention_mask,
+                    output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+                )  # (1, T, ...) outputs
+            target_logits = layout.unpack(out.logits)  # (b, g + 1, V)
+            features = layout.unpack(context_features(out.hidden_states, self.layer_ids)) if self.use_drafter else None
+        else:
+            with sdpa_gqa(device, g + 1):
+                out = self.target(
+                    input_ids=verify_ids, position_ids=verify_pos, attention_mask=attention_mask,
+                    output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+                )
+            target_logits = out.logits
+            features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if parents is None:
-            accept_lengths, next_tokens = self._accept(draft_tokens, out.logits, num_drafts, draft_probs, params, sampled)
+            accept_lengths, next_tokens = self._accept(draft_tokens, target_logits, num_drafts, draft_probs, params, sampled)
             paths = [list(range(1, n + 1)) for n in accept_lengths.tolist()]
         else:
-            paths, next_tokens = tree_accept(draft_tokens, parents, out.logits, num_drafts, params, self.generator)
+            paths, next_tokens = tree_accept(draft_tokens, parents, target_logits, num_drafts, params, self.generator)
             accept_lengths = torch.tensor([len(p) for p in paths], device=device)
         verify_time = timer(device) - start
 
@@ -489,7 +513,6 @@ class SpeculativeBatch:
             for i, row in enumerate(slots):
                 kept[i, row] = 1
         self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
-        features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
         if self.use_drafter:  # the drafter reads the new slots next time it runs (they wait while it is skipped)
             for i, (row, index) in enumerate(zip(self.ids, slots)):
                 taken = slice(0, len(index)) if parents is None else index  # a chain's accepted slots are a prefix
@@ -499,7 +522,8 @@ class SpeculativeBatch:
 
         # Learn from the round, then hand out the tokens.
         drafts_list = num_drafts.tolist()
-        self.state.observe_round(len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"), rows=len(accepted_list))
+        self.state.observe_round(num_verified if ragged else len(accepted_list) * (g + 1), verify_time, drafted.get("seconds"),
+                                 rows=len(accepted_list), ragged=ragged)
         sources = path_sources(proposal, paths, drafts_list)
         checked = drafts_list if parents is None else checked_along_paths(parents, paths, drafts_list)
         if self.on_round is not None:
@@ -512,7 +536,7 @@ class SpeculativeBatch:
         if self.observer is not None:
             for i, (update, n) in enumerate(zip(updates, checked)):
                 index = slots[i][: len(update.tokens)]
-                self.observer.on_round(update.row_id, None if features is None else features[i, index], out.logits[i, index],
+                self.observer.on_round(update.row_id, None if features is None else features[i, index], target_logits[i, index],
                                        update.tokens, n, update.source)
         self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start)  # the whole round's time
         self._drop_finished(updates)

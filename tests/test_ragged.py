@@ -1,0 +1,136 @@
+"""Ragged verification: rows of different verify lengths packed into one forward attend exactly as padded rows do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash_hf import DraftingConfig, DraftingState, GoodputVerifyLength, generate
+from adaflash_hf._compat import CACHE_KWARG, RaggedCache, RaggedLayout, ragged_forward, supports_ragged
+from adaflash_hf.decoding import state as state_module
+from adaflash_hf.decoding.cost import VerifyCostModel
+from adaflash_hf.decoding.policy import MIN_GAIN, ragged_verify_lens
+from adaflash_hf.decoding.tree import tree_attention_mask
+
+from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
+
+
+def test_layout_packs_real_tokens_row_major_and_pads_with_each_rows_last_token():
+    layout = RaggedLayout.from_lengths(torch.tensor([1, 3, 2]), width=3)
+    x = torch.arange(9).view(3, 3)
+    packed = layout.pack(x)
+    assert packed.tolist() == [[0, 3, 4, 5, 6, 7]]
+    assert layout.unpack(packed).tolist() == [[0, 0, 0], [3, 4, 5], [6, 7, 7]]
+    heads = torch.randn(1, 2, 6, 4)  # (1, h, T, d)
+    assert torch.equal(layout.unpack_heads(heads)[1, :, 2], heads[0, :, 3])  # row 1, column 2 = packed token 3
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_ragged_forward_matches_the_padded_forward(target, tree):
+    assert supports_ragged(target)
+    ids, mask = left_pad(random_prompts((4, 9, 6), seed=3))
+    b = ids.shape[0]
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    caches = []
+    with torch.inference_mode():
+        for _ in range(2):
+            cache = RaggedCache()
+            target(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{CACHE_KWARG: cache})
+            caches.append(cache)
+        g = 3
+        verify_ids = torch.randint(4, 40, (b, g + 1))
+        parents = torch.tensor([[0, 0, 1], [0, 1, 2], [0, 1, 1]]) if tree else torch.arange(g)[None].expand(b, -1)
+        depths = torch.tensor([[1, 1, 2], [1, 2, 3], [1, 2, 2]]) if tree else torch.arange(1, g + 1)[None].expand(b, -1)
+        verify_pos = pos[:, -1:] + 1 + torch.cat([torch.zeros(b, 1, dtype=torch.long), depths], dim=1)
+        attn = tree_attention_mask(mask, parents, target.dtype)
+        padded = target(input_ids=verify_ids, position_ids=verify_pos, attention_mask=attn, use_cache=True,
+                        **{CACHE_KWARG: caches[0]}).logits
+        lengths = torch.tensor([1, 4, 3])
+        layout = RaggedLayout.from_lengths(lengths, g + 1)
+        with ragged_forward(layout):
+            out = target(input_ids=layout.pack(verify_ids), position_ids=layout.pack(verify_pos), attention_mask=attn,
+                         use_cache=True, **{CACHE_KWARG: caches[1]})
+        ragged = layout.unpack(out.logits)
+    for row, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(ragged[row, :n], padded[row, :n], atol=1e-5, rtol=1e-5)
+        for a, b_ in zip(caches[0].layers, caches[1].layers):  # the real slots hold the same keys and values
+            width = a.keys.shape[2] - (g + 1) + n
+            torch.testing.assert_close(a.keys[row, :, :width], b_.keys[row, :, :width], atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():  # outside the block the model is plain transformers again
+        torch.testing.assert_close(target(ids, attention_mask=mask).logits, target(ids, attention_mask=mask).logits)
+
+
+class CyclingVerifyLength:
+    """A test policy: every row verifies a different length, changing from round to round."""
+
+    def __init__(self):
+        self.round = 0
+
+    def verify_lens(self, rates, draft_hidden_states, sources=None):
+        self.round += 1
+        b, m = rates.shape
+        return torch.tensor([1 + (i + self.round) % (m + 1) for i in range(b)])
+
+    def update(self, accept_lengths, verify_lens, seconds):
+        pass
+
+
+@pytest.fixture
+def ragged_calls(monkeypatch):
+    """The packed token counts of the engine's ragged forwards."""
+    used, real = [], state_module.ragged_forward
+
+    def counting(layout):
+        used.append(layout.num_tokens)
+        return real(layout)
+
+    monkeypatch.setattr(state_module, "ragged_forward", counting)
+    return used
+
+
+def test_engine_verifies_ragged_rows_and_stays_lossless(target, drafter, ragged_calls):
+    prompts = random_prompts((3, 9, 5, 12, 7), seed=2)
+    ids, mask = left_pad(prompts)
+    width = ids.shape[1]
+    references = {width - len(p): greedy_reference(target, p, 40, eos=False) for p in prompts}
+    oracle = OracleDrafter(drafter.config).setup(target, references, 0.2).eval()
+    out = generate(target, oracle, ids, mask, max_new_tokens=24, eos_token_id=EOS, drafting=DraftingConfig.only("drafter"),
+                   drafting_state=DraftingState(), verify_policy=CyclingVerifyLength())
+    rows = [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    assert rows == [greedy_reference(target, p, 24)[len(p):] for p in prompts]
+    assert ragged_calls, "rows of different verify lengths should have been verified ragged"
+
+
+def test_goodput_policy_goes_ragged_and_stays_lossless(target, drafter, ragged_calls):
+    prompts = random_prompts((4, 7, 10, 5), seed=8)
+    ids, mask = left_pad(prompts)
+    policy = GoodputVerifyLength()
+    out = generate(target, drafter, ids, mask, max_new_tokens=16, eos_token_id=None, verify_policy=policy,
+                   drafting=DraftingConfig(), drafting_state=DraftingState())
+    assert policy.ragged and ragged_calls
+    rows = [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    assert rows == [greedy_reference(target, p, 16, eos=False)[len(p):] for p in prompts]
+
+
+def test_ragged_lengths_take_the_likeliest_drafts_as_row_prefixes():
+    flat = VerifyCostModel()
+    flat.ragged_seconds[3] = {3: 1.0, 60: 1.0}  # verification costs nothing extra: take every draft worth MIN_GAIN
+    rates = torch.tensor([[0.9, 0.9, 0.9, 0.9], [0.01, 0.9, 0.9, 0.9], [0.5, 0.5, 0.5, 0.5]])
+    lengths = ragged_verify_lens(rates, flat)
+    expected = 1 + (rates.cumprod(-1) > MIN_GAIN).sum(-1)
+    assert lengths.tolist() == expected.tolist() == [5, 1, 5]
+    steep = VerifyCostModel()
+    steep.ragged_seconds[3] = {3: 1.0, 4: 1.3, 60: 18.0}  # each extra token costs a third of a step or more
+    lengths = ragged_verify_lens(rates, steep)
+    assert lengths[1] == 1 and lengths[0] >= lengths[2] >= 1 and lengths[0] > 1
+    assert ragged_verify_lens(torch.zeros(2, 0), flat).tolist() == [1, 1]
+
+
+def test_ragged_cost_falls_back_to_the_rectangular_estimate_then_interpolates():
+    cost = VerifyCostModel()
+    cost.update(4, 0.040, rows=4)
+    cost.update(12, 0.080, rows=4)  # rectangular: 4 rows of 3
+    assert cost.cost_ragged(4, 10) == pytest.approx(cost.cost_batch(4, 3))  # nothing ragged measured yet
+    cost.update(6, 0.050, rows=4, ragged=True)
+    cost.update(10, 0.060, rows=4, ragged=True)
+    assert cost.cost_ragged(4, 8) == pytest.approx(0.055)
