@@ -77,6 +77,7 @@ class RaggedLayout:
     rows: torch.Tensor
     cols: torch.Tensor
     gather: torch.Tensor
+    long_rows: torch.Tensor  # (k,) rows with more than one token
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, width: int) -> RaggedLayout:
@@ -88,7 +89,7 @@ class RaggedLayout:
         rows, cols = real.nonzero(as_tuple=True)  # row-major: the packed order
         starts = lengths.cumsum(0) - lengths  # (b,) first packed index of each row
         gather = starts[:, None] + torch.minimum(col, lengths[:, None] - 1)  # (b, W)
-        return cls(rows, cols, gather)
+        return cls(rows, cols, gather, (lengths > 1).nonzero().flatten())
 
     @property
     def num_tokens(self) -> int:
@@ -122,14 +123,30 @@ class RaggedCache(DynamicCache):
 
 
 def _ragged_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
-    """SDPA over the padded layout for a packed query (1, H, T, d); returns (1, T, H, d) like SDPA's (b, q, H, d)."""
+    """SDPA for a packed query (1, H, T, d) over the padded cache; returns (1, T, H, d) like SDPA's (b, q, H, d).
+
+    Where at most half the rows verify more than their anchor, the anchors of all rows attend in one
+    one-query pass and only the longer rows' queries in a second (over a copy of those rows' keys and
+    values); otherwise all rows attend over the padded (b, W) layout.
+    """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     layout = _RAGGED.get()
     if layout is None:  # not a ragged forward: whatever "sdpa" was before the override
         return (_OVERRIDE_USERS[1] or sdpa_attention_forward)(module, query, key, value, attention_mask, *args, **kwargs)
-    out, weights = sdpa_attention_forward(module, layout.unpack_heads(query), key, value, attention_mask, *args, **kwargs)
-    return layout.pack(out), weights  # (b, W, H, d) -> (1, T, H, d)
+    padded = layout.unpack_heads(query)  # (b, H, W, d)
+    b, _, width, _ = padded.shape
+    long_rows = layout.long_rows
+    if 2 * long_rows.numel() > b:
+        out, weights = sdpa_attention_forward(module, padded, key, value, attention_mask, *args, **kwargs)  # (b, W, H, d)
+        return layout.pack(out), weights
+    anchors, weights = sdpa_attention_forward(module, padded[:, :, :1], key, value, attention_mask[:, :, :1], *args, **kwargs)
+    out = anchors.expand(-1, width, -1, -1).clone()  # (b, W, H, d)
+    if long_rows.numel():
+        rest, _ = sdpa_attention_forward(module, padded[long_rows], key[long_rows], value[long_rows], attention_mask[long_rows],
+                                         *args, **kwargs)
+        out[long_rows] = rest
+    return layout.pack(out), weights
 
 
 def supports_ragged(model: torch.nn.Module) -> bool:

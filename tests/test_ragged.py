@@ -25,8 +25,9 @@ def test_layout_packs_real_tokens_row_major_and_pads_with_each_rows_last_token()
     assert torch.equal(layout.unpack_heads(heads)[1, :, 2], heads[0, :, 3])  # row 1, column 2 = packed token 3
 
 
+@pytest.mark.parametrize("lengths", [[1, 4, 3], [1, 4, 1], [1, 1, 1]])  # padded attention; anchors + long rows; anchors only
 @pytest.mark.parametrize("tree", [False, True])
-def test_ragged_forward_matches_the_padded_forward(target, tree):
+def test_ragged_forward_matches_the_padded_forward(target, tree, lengths):
     assert supports_ragged(target)
     ids, mask = left_pad(random_prompts((4, 9, 6), seed=3))
     b = ids.shape[0]
@@ -45,7 +46,7 @@ def test_ragged_forward_matches_the_padded_forward(target, tree):
         attn = tree_attention_mask(mask, parents, target.dtype)
         padded = target(input_ids=verify_ids, position_ids=verify_pos, attention_mask=attn, use_cache=True,
                         **{CACHE_KWARG: caches[0]}).logits
-        lengths = torch.tensor([1, 4, 3])
+        lengths = torch.tensor(lengths)
         layout = RaggedLayout.from_lengths(lengths, g + 1)
         with ragged_forward(layout):
             out = target(input_ids=layout.pack(verify_ids), position_ids=layout.pack(verify_pos), attention_mask=attn,
