@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from .decoding.proposers import DATASTORE_FILE, PRIOR_FILE, load_acceptance_prior, load_datastore
+from .kernels import is_packed, pack_linear_weights
 from .modeling_adaflash import AdaFlashDrafter
 from .targets import HUB_ID
 
@@ -35,6 +36,7 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
     anything else: a local folder (adaflash-hf or DFlash layout) or a Hub id ``owner/name``.
     With ``datastore`` (default), the folder's ``datastore.safetensors`` is indexed and attached as
     ``drafter.adaflash_datastore`` for the engine's ``datastore`` draft source; training skips it.
+    Where the target's linear weights are packed for oneDNN (:mod:`adaflash_hf.kernels`), the drafter's are too.
     """
     if name_or_path == "auto":
         path = bundled_drafter_path(target_name) if target_name else None
@@ -61,7 +63,10 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
         path = _drafter_file(name_or_path, PRIOR_FILE)
         if path is not None:
             drafter.adaflash_acceptance_prior = load_acceptance_prior(path)
-    return drafter.to(device=target.device, dtype=target.dtype).eval()
+    drafter = drafter.to(device=target.device, dtype=target.dtype).eval()
+    if is_packed(target):  # the target's linear layers measured faster packed on this CPU: so are the drafter's
+        pack_linear_weights(drafter, check_speed=False)
+    return drafter
 
 
 def _drafter_source(name_or_path: str) -> str:

@@ -1,7 +1,7 @@
 """Session 7: Scheduler (no HTTP) throughput, methods interleaved over reps, medians; eval prompts as the bench pools them.
 Usage: python results/session7/scheduler_ab.py 16 plain,adaflash 3   (concurrency, methods[~guard margin], reps)
 Session 8 added methods ending in "-chain" (e.g. adaflash-chain): the same server with draft trees off;
-session 9 "-noscore": drafter scores off.
+session 9 "-noscore": drafter scores off; session 10 "-padded": ragged verification off (rows padded to the longest).
 """
 import asyncio, time, sys, os, torch, statistics
 from adaflash_hf import load_target, load_drafter
@@ -19,7 +19,8 @@ res = {m: [] for m in methods}
 for rep in range(reps):
     for method in (methods if rep % 2 == 0 else methods[::-1]):
         base, _, margin = method.partition("~")
-        s = make_scheduler(base.removesuffix("-chain").removesuffix("-noscore"), target, drafter, tok, 32, "smollm2-135m")
+        s = make_scheduler(base.removesuffix("-chain").removesuffix("-noscore").removesuffix("-padded"), target, drafter, tok, 32, "smollm2-135m")
+        if base.endswith("-padded"): s.batch.ragged = s.batch.policy.ragged = False
         if base.endswith("-chain"): s.batch.proposer.trees = False
         if base.endswith("-noscore"): s.batch.proposer.config.drafter_scores = False
         if margin: s.batch.policy.margin = float(margin)
