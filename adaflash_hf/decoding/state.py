@@ -25,6 +25,7 @@ so trees need no cache copies.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -475,23 +476,18 @@ class SpeculativeBatch:
             depths = proposal.depths[:, :g].to(device)  # (b, g), 1 for a child of the anchor
             verify_pos = self.next_pos[:, None] + torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
             attention_mask = tree_attention_mask(self.slot_mask, parents, self.target.dtype)  # (b, 1, g + 1, S + g + 1)
-        if ragged:
-            layout = RaggedLayout.from_lengths(verify_lengths, g + 1)
-            with sdpa_gqa(device, g + 1), ragged_forward(layout):
-                out = self.target(
-                    input_ids=layout.pack(verify_ids), position_ids=layout.pack(verify_pos), attention_mask=attention_mask,
-                    output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
-                )  # (1, T, ...) outputs
-            target_logits = layout.unpack(out.logits)  # (b, g + 1, V)
-            features = layout.unpack(context_features(out.hidden_states, self.layer_ids)) if self.use_drafter else None
-        else:
-            with sdpa_gqa(device, g + 1):
-                out = self.target(
-                    input_ids=verify_ids, position_ids=verify_pos, attention_mask=attention_mask,
-                    output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
-                )
-            target_logits = out.logits
-            features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
+        layout = RaggedLayout.from_lengths(verify_lengths, g + 1) if ragged else None
+        inputs, positions = (verify_ids, verify_pos) if layout is None else (layout.pack(verify_ids), layout.pack(verify_pos))
+        with sdpa_gqa(device, g + 1), (nullcontext() if layout is None else ragged_forward(layout)):
+            out = self.target(
+                input_ids=inputs, position_ids=positions, attention_mask=attention_mask,
+                output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+            )  # ragged: (1, T, ...) outputs, unpacked to (b, g + 1, ...) below
+        features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
+        target_logits = out.logits
+        if layout is not None:
+            target_logits = layout.unpack(target_logits)
+            features = None if features is None else layout.unpack(features)
         if parents is None:
             accept_lengths, next_tokens = self._accept(draft_tokens, target_logits, num_drafts, draft_probs, params, sampled)
             paths = [list(range(1, n + 1)) for n in accept_lengths.tolist()]
