@@ -135,3 +135,8 @@ def test_ragged_cost_falls_back_to_the_rectangular_estimate_then_interpolates():
     cost.update(6, 0.050, rows=4, ragged=True)
     cost.update(10, 0.060, rows=4, ragged=True)
     assert cost.cost_ragged(4, 8) == pytest.approx(0.055)
+    cost.update(20, 0.070, rows=4, ragged=True)
+    totals = range(4, 40)  # below, between and past the measured counts
+    curve = cost.cost_ragged_curve(4, totals)
+    assert curve.tolist() == pytest.approx([cost.cost_ragged(4, t) for t in totals])
+    assert cost.cost_ragged_curve(3, range(3, 9)).tolist() == pytest.approx([cost.cost_ragged(3, t) for t in range(3, 9)])

@@ -113,6 +113,19 @@ class VerifyCostModel:
             return _interpolate(table, num_tokens)
         return self.cost_batch(rows, -(-num_tokens // rows))
 
+    def cost_ragged_curve(self, rows: int, totals: range) -> torch.Tensor:
+        """:meth:`cost_ragged` for every token count in ``totals`` at once (the table is sorted once)."""
+        table = self.ragged_seconds.get(rows)
+        if rows <= 1 or not table or len(table) < 2:
+            return torch.tensor([self.cost_ragged(rows, t) for t in totals], dtype=torch.float64)
+        keys = torch.tensor(sorted(table), dtype=torch.float64)
+        values = torch.tensor([table[int(k)] for k in keys], dtype=torch.float64)
+        x = torch.tensor(list(totals), dtype=torch.float64)
+        hi = torch.searchsorted(keys, x).clamp(1, len(keys) - 1)  # segment [hi - 1, hi]; the outer ones extend
+        lo = hi - 1
+        slope = (values[hi] - values[lo]) / (keys[hi] - keys[lo])
+        return (values[lo] + slope * (x - keys[lo])).clamp_min(1e-6)
+
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds (or relative units before any measurement) of a forward with num_tokens new tokens.
 

@@ -90,7 +90,7 @@ def ragged_verify_lens(rates: torch.Tensor, cost_model: VerifyCostModel, max_ver
     if n == 0:
         return lengths
     tokens = b + torch.cat([torch.zeros(1), values[:n].cumsum(0)])  # (n + 1,) expected tokens with the top j drafts
-    costs = torch.tensor([cost_model.cost_ragged(b, b + j) for j in range(n + 1)])
+    costs = cost_model.cost_ragged_curve(b, range(b, b + n + 1)).float()
     best = int((tokens / costs).argmax())
     return lengths + torch.bincount(order[:best] // m, minlength=b)
 
