@@ -129,8 +129,7 @@ def _ragged_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     one-query pass and only the longer rows' queries in a second (over a copy of those rows' keys and
     values); otherwise all rows attend over the padded (b, W) layout.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    sdpa_attention_forward = _OVERRIDE_USERS[2]  # transformers' SDPA, bound when the override was installed
     layout = _RAGGED.get()
     if layout is None:  # not a ragged forward: whatever "sdpa" was before the override
         return (_OVERRIDE_USERS[1] or sdpa_attention_forward)(module, query, key, value, attention_mask, *args, **kwargs)
@@ -155,7 +154,7 @@ def supports_ragged(model: torch.nn.Module) -> bool:
 
 
 _OVERRIDE_LOCK = threading.Lock()
-_OVERRIDE_USERS = [0, None]  # forwards inside ragged_forward across threads; the "sdpa" override they replaced
+_OVERRIDE_USERS = [0, None, None]  # forwards inside ragged_forward across threads; the "sdpa" override they replaced; stock SDPA
 
 
 @contextmanager
@@ -166,12 +165,13 @@ def ragged_forward(layout: RaggedLayout):
     The ``"sdpa"`` override is installed while any thread is inside the block and passes every other
     attention call (other threads, other models) through to transformers' SDPA unchanged.
     """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     local = ALL_ATTENTION_FUNCTIONS._local_mapping
     with _OVERRIDE_LOCK:
         if _OVERRIDE_USERS[0] == 0:
-            _OVERRIDE_USERS[1] = local.get("sdpa")
+            _OVERRIDE_USERS[1], _OVERRIDE_USERS[2] = local.get("sdpa"), sdpa_attention_forward
             local["sdpa"] = _ragged_sdpa
         _OVERRIDE_USERS[0] += 1
     token = _RAGGED.set(layout)

@@ -91,7 +91,8 @@ def _linears(module: torch.nn.Module) -> Iterator[torch.nn.Linear]:
     return (m for m in module.modules() if isinstance(m, torch.nn.Linear))
 
 
-def _median_ms(fn, repeats: int = 7) -> float:
+def median_ms(fn, repeats: int = 7) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
@@ -107,8 +108,8 @@ def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool
     packed = pack_weight(weight)
     for n in tokens:
         x = torch.randn(1, n, weight.shape[1], dtype=weight.dtype)
-        stock = _median_ms(lambda x=x: F.linear(x, weight))
-        fast = _median_ms(lambda x=x: packed_linear(x, packed, None))
+        stock = median_ms(lambda x=x: F.linear(x, weight))
+        fast = median_ms(lambda x=x: packed_linear(x, packed, None))
         if fast > 0.95 * stock:
             logger.info("packed bf16 linear not faster here (%d tokens: %.3f ms vs %.3f ms)", n, fast, stock)
             return False
@@ -121,6 +122,8 @@ def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int
     Nothing happens (0) where the ops are missing, no layer is bf16 on the CPU, or, with ``check_speed``,
     the packed kernel does not measure faster on the model's largest linear weight. Calling it again repacks.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"pack_linear_weights takes a torch.nn.Module (a loaded model), got {type(model).__name__}.")
     layers = [m for m in _linears(model) if can_pack(m.weight)]
     if not layers or not packing_available():
         return 0

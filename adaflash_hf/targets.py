@@ -99,18 +99,11 @@ def _cpu_bf16_is_faster() -> bool:
     """
     import torch
 
+    from .kernels import median_ms
+
     a, b = torch.randn(16, 1024), torch.randn(1024, 2048)
-
-    def median_seconds(x: torch.Tensor, y: torch.Tensor) -> float:
-        times = []
-        for _ in range(7):
-            start = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - start)
-        return sorted(times)[3]
-
-    median_seconds(a, b), median_seconds(a.bfloat16(), b.bfloat16())  # warm-up
-    fp32, bf16 = median_seconds(a, b), median_seconds(a.bfloat16(), b.bfloat16())
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    fp32, bf16 = median_ms(lambda: a @ b) / 1e3, median_ms(lambda: a16 @ b16) / 1e3
     logger.info("dtype auto: bf16 matmul %.3f ms vs fp32 %.3f ms on this CPU", bf16 * 1e3, fp32 * 1e3)
     return bf16 < 0.8 * fp32
 

@@ -109,3 +109,14 @@ def test_draft_head_packs_with_a_packed_lm_head():
     assert plain.packed is None and fast.packed is not None
     with torch.inference_mode():
         assert torch.equal(plain.logits(hidden[:, 1:]), fast.logits(hidden[:, 1:]))
+
+
+def test_full_vocabulary_draft_head_shares_the_lm_heads_packed_copy():
+    _, packed = bf16_pair()
+    head = DraftHead(packed.lm_head, None)
+    assert head.packed is packed.lm_head.packed  # no second copy of the whole lm_head
+
+
+def test_a_non_module_gets_a_clear_error():
+    with pytest.raises(TypeError, match="takes a torch.nn.Module"):
+        pack_linear_weights("HuggingFaceTB/SmolLM2-135M-Instruct")

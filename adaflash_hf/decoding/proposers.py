@@ -295,7 +295,9 @@ class DraftHead:
         self.weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
         self.bias = None if getattr(lm_head, "bias", None) is None else (
             lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
-        self.packed = pack_weight(self.weight) if isinstance(lm_head, PackedLinear) and can_pack(self.weight) else None
+        self.packed = None
+        if isinstance(lm_head, PackedLinear) and can_pack(self.weight):  # the full head is packed already: share it
+            self.packed = lm_head._fresh_packed() if vocab is None else pack_weight(self.weight)
         vocab_size, device = lm_head.weight.shape[0], lm_head.weight.device
         draft_ids = torch.arange(vocab_size, device=device) if vocab is None else vocab.to(device)
         self._index = torch.full((vocab_size,), -1, dtype=torch.long, device=device).index_copy_(  # target id -> draft index
