@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import shutil
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
