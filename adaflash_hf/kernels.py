@@ -3,8 +3,9 @@
 torch's bf16 ``F.linear`` on a CPU hands oneDNN the weight in its plain (out, in) layout, and the
 kernel lays it out afresh for its blocking on every call. At decoding's shapes (a few tokens against
 every weight of the model) that is a large share of a step: SmolLM2-135M, bf16, 2 threads, one token
-42 -> 30 ms, sixteen tokens 76 -> 66 ms (measured; ``adaflash bench`` times the stock kernels as
-``target-stock`` beside the packed target's plain decoding, ``target``). Packing each
+42 -> 30 ms, sixteen tokens 76 -> 66 ms (``python results/session10/packed_forward.py``, no mask; through
+``generate`` the gain is smaller, and ``adaflash bench`` times the stock kernels as ``target-stock`` beside
+the packed target's ``target``). Packing each
 weight once, as torch's own inductor does when it freezes a CPU graph, gives bit-identical outputs (the
 same kernel on the same numbers; ``tests/test_kernels.py`` checks whole models) and makes plain decoding
 and speculative rounds alike cheaper.
@@ -104,7 +105,7 @@ def median_ms(fn, repeats: int = 7) -> float:
 
 @torch.inference_mode()
 def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool:
-    """Whether the packed kernel beats ``F.linear`` on this weight at decoding's token counts (measured, ~10 ms)."""
+    """Whether the packed kernel beats ``F.linear`` on this weight at decoding's token counts (timed, median of 7 calls each)."""
     packed = pack_weight(weight)
     for n in tokens:
         x = torch.randn(1, n, weight.shape[1], dtype=weight.dtype)
