@@ -6,6 +6,9 @@ shared by all), and a closed-loop client keeps ``c`` streaming chat requests in 
 plus N - 1 drafts), and ``adaflash`` (the library default: the verify length that maximises expected
 tokens per second at the current load, measured on this machine). Levels are interleaved (for each
 concurrency, every method in turn), so drift in a shared machine hits all methods alike.
+
+As in ``adaflash serve``, the engine being measured runs in the main thread (the one that loaded the
+model) and the HTTP servers and the client in background threads: one OS thread does all torch work.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -173,6 +177,35 @@ def summarise(method: str, concurrency: int, records: list[dict], seconds: float
     }
 
 
+def serve_while(scheduler, client, *args):
+    """Run ``scheduler``'s engine in this thread while ``asyncio.run(client(*args))`` runs in another;
+    return its result.
+
+    The engine stops when the client returns (or raises, re-raised here)."""
+    box: dict = {}
+
+    def run_client():
+        try:
+            if not scheduler.wait_until_running(600):
+                raise RuntimeError("the engine did not start within 600 s")
+            box["value"] = asyncio.run(client(*args))
+        except BaseException as error:  # handed to the engine's thread
+            box["error"] = error
+        finally:
+            scheduler.stop()
+
+    thread = threading.Thread(target=run_client, name="adaflash-bench-client", daemon=True)
+    thread.start()
+    try:
+        scheduler.run()
+    finally:
+        scheduler.stop()
+        thread.join(60)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     import torch
 
@@ -198,12 +231,11 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
           f"{torch.get_num_threads()} threads; levels {levels}; methods {methods}", file=sys.stderr)
     servers = {}
     try:
-        for method, scheduler in schedulers.items():
-            scheduler.start()
-            servers[method] = ServerThread(create_app(scheduler))
+        for method, scheduler in schedulers.items():  # the engines run one at a time, in this thread (serve_while)
+            servers[method] = ServerThread(create_app(scheduler, manage_scheduler=False))
         urls = {m: s.__enter__() for m, s in servers.items()}
-        for method in methods:  # warm-up: first calls pay one-off costs; the cost model gets first measurements
-            asyncio.run(drive(urls[method], method, mixed[-4:], 2, 16))
+        for method in methods:  # warm-up (and the verify-cost profile): first calls pay one-off costs
+            serve_while(schedulers[method], drive, urls[method], method, mixed[-4:], 2, 16)
         offset = 0
         for level, concurrency in enumerate(levels):
             count = args.requests or max(16, 2 * concurrency)
@@ -213,7 +245,8 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
                 scheduler.drafting_state.forget_requests()
             for method in methods[level % len(methods):] + methods[: level % len(methods)]:  # rotated: no method always first
                 before = schedulers[method].status()
-                records, seconds, peak = asyncio.run(drive(urls[method], method, prompts, concurrency, args.max_new_tokens))
+                records, seconds, peak = serve_while(schedulers[method], drive, urls[method], method, prompts,
+                                                       concurrency, args.max_new_tokens)
                 row = summarise(method, concurrency, records, seconds, peak, before, schedulers[method].status())
                 results.append(row)
                 print(f"[bench] c={concurrency:<3} {method:<12} {row['tokens_per_second']:7.1f} tok/s  p50 {row['p50_latency_s']:.2f}s "
@@ -221,8 +254,6 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     finally:
         for server in servers.values():
             server.__exit__()
-        for scheduler in schedulers.values():
-            scheduler.stop()
     results.sort(key=lambda r: (levels.index(r["concurrency"]), methods.index(r["method"])))
     print_table(results)
     payload = {"args": asdict(args), "code": code_provenance(), "num_threads": torch.get_num_threads(),

@@ -203,6 +203,8 @@ class Scheduler:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._running = False
+        self._serving = threading.Event()  # set while the engine loop takes requests
+        self._stopped = threading.Event()  # set when the engine loop has ended
         self._calibrated = False
         self.counters = {"submitted": 0, "finished": 0, "cancelled": 0, "errors": 0, "rejected_queue_full": 0,
                          "rounds": 0, "row_rounds": 0, "generated_tokens": 0, "round_tokens": 0, "verified_tokens": 0}
@@ -213,39 +215,73 @@ class Scheduler:
     # ----------------------------------------------------------------------------------------------
     # caller side (any thread with an asyncio loop)
     def start(self) -> None:
-        """Profile the verify cost (``config.calibrate``, a few seconds), then start the engine thread."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        if self.config.calibrate and not self._calibrated:
-            self._calibrated = True
-            longest = (self.drafter.config.block_size if self.drafter is not None else 16) + 1  # anchor + a whole proposal
-            counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(self.config.max_batch_size * longest, 16)]
-            try:
-                start = time.perf_counter()
-                self.drafting_state.cost_model.calibrate(self.target, counts)
-                rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [self.config.max_batch_size]
-                widths = tuple(w for w in (1, 2, 3, 5, 9, 17) if w <= longest) if wants_drafts(self.batch.policy, 2) else (1,)
-                self.drafting_state.cost_model.calibrate_rows(self.target, sorted(set(r for r in rows if r > 1)), widths=widths)
-                logger.info("verify cost profiled for %s tokens and %s rows x %s tokens in %.1fs", counts, rows, widths,
-                            time.perf_counter() - start)
-            except Exception:  # a failed profile only costs the policy its head start
-                logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
+        """Start the engine in a background thread (it profiles the verify cost first, a few seconds).
+
+        On a CPU with few cores prefer :meth:`run` in the thread that loaded the models: libgomp slows
+        every OpenMP region once two OS threads own thread teams, and a background engine next to a
+        main thread that ran torch work decodes at about half speed (``results/session10/worker_thread.py``).
+        """
+        with self._lock:
+            if self._running:
+                return
+            self._running = True
+            self._stopped.clear()
+        self._thread = threading.Thread(target=self._engine, name="adaflash-engine", daemon=True)
         self._thread.start()
-        if self.opd is not None:
-            self.opd.start()
+
+    def run(self) -> None:
+        """Run the engine in the calling thread until :meth:`stop` is called from another thread
+        (or a signal raises ``KeyboardInterrupt`` here). ``adaflash serve`` runs it in the main thread,
+        with the HTTP server in a background thread, so that one OS thread does all torch work."""
+        with self._lock:
+            if self._running:
+                raise RuntimeError("the scheduler is already running: call stop() first.")
+            self._running = True
+            self._stopped.clear()
+        self._thread = threading.current_thread()
+        try:
+            self._engine()
+        finally:
+            with self._lock:
+                self._running = False
+                self._lock.notify_all()
+
+    def wait_until_running(self, timeout: float | None = None) -> bool:
+        """Block until the engine loop takes requests (after its verify-cost profile); False on timeout."""
+        return self._serving.wait(timeout)
+
+    def calibrate(self) -> None:
+        """Profile the verify cost once (``config.calibrate``); the engine does it before its first round.
+        Call it from the thread that runs the engine."""
+        if not self.config.calibrate or self._calibrated:
+            return
+        self._calibrated = True
+        longest = (self.drafter.config.block_size if self.drafter is not None else 16) + 1  # anchor + a whole proposal
+        counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(self.config.max_batch_size * longest, 16)]
+        try:
+            start = time.perf_counter()
+            self.drafting_state.cost_model.calibrate(self.target, counts)
+            rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [self.config.max_batch_size]
+            widths = tuple(w for w in (1, 2, 3, 5, 9, 17) if w <= longest) if wants_drafts(self.batch.policy, 2) else (1,)
+            self.drafting_state.cost_model.calibrate_rows(self.target, sorted(set(r for r in rows if r > 1)), widths=widths)
+            logger.info("verify cost profiled for %s tokens and %s rows x %s tokens in %.1fs", counts, rows, widths,
+                        time.perf_counter() - start)
+        except Exception:  # a failed profile only costs the policy its head start
+            logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the engine thread; requests still queued or running end with finish_reason "cancelled"."""
+        """Stop the engine; requests still queued or running end with finish_reason "cancelled".
+        From another thread it waits (up to ``timeout`` s) until the engine loop has ended."""
         if self.opd is not None:
             self.opd.stop()
         with self._lock:
+            was_running = self._running
             self._running = False
             self._lock.notify_all()
-        if self._thread is not None:
+        if was_running and self._thread is not threading.current_thread():
+            self._stopped.wait(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread() and self._thread.daemon:
             self._thread.join(timeout)
-            self._thread = None
 
     def submit(self, prompt_ids: list[int], params: RequestParams) -> RequestStream:
         """Queue a request; call from a running asyncio loop. Raises ValueError or :class:`QueueFull`."""
@@ -260,8 +296,8 @@ class Scheduler:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens and asks for {params.max_new_tokens} more, past this model's "
                 f"context of {self.max_context} tokens: shorten the prompt or lower max_tokens.")
-        if self._thread is None:
-            raise RuntimeError("the scheduler is not running: call start() first.")
+        if not self._running:
+            raise RuntimeError("the scheduler is not running: call start() or run() first.")
         with self._lock:
             if len(self._queue) >= self.config.max_queue:
                 self.counters["rejected_queue_full"] += 1
@@ -309,8 +345,21 @@ class Scheduler:
 
     # ----------------------------------------------------------------------------------------------
     # engine thread
+    def _engine(self) -> None:
+        """The engine loop, in whichever thread runs it: profile, start OPD, serve rounds, end requests."""
+        try:
+            torch.set_grad_enabled(False)  # per thread
+            self.calibrate()
+            if self.opd is not None:
+                self.opd.start()
+            self._serving.set()
+            self._run()
+        finally:
+            self._serving.clear()
+            self._fail_all(None)
+            self._stopped.set()
+
     def _run(self) -> None:
-        torch.set_grad_enabled(False)
         while True:
             with self._lock:
                 while self._running and not self._queue and not self._active:
@@ -332,7 +381,6 @@ class Scheduler:
             except Exception as error:  # a failed round ends its requests, never the server
                 logger.exception("engine round failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
-        self._fail_all(None)
 
     def _admit(self) -> list[RequestStream]:
         """Pop the requests that may join before the next round (lock held)."""

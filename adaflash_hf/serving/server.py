@@ -113,15 +113,29 @@ def adaptive_policy(drafter, length_head: str = "auto", target_name: str | None 
 
 
 def run_serve(args: ServeArgs) -> int:
-    """Serve until interrupted (Ctrl-C). The app starts and stops the scheduler's engine thread."""
+    """Serve until interrupted (Ctrl-C or SIGTERM).
+
+    The engine runs in the main thread, the thread that loaded the models, and uvicorn in a background
+    thread: one OS thread does all torch work, which on a few-core CPU decodes about twice as fast as an
+    engine thread beside a main thread that ran torch (libgomp; ``results/session11/served_thread.py``)."""
+    import signal
+
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as error:
         raise SystemExit(f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' ({error}).") from None
     scheduler = build_scheduler(args)
-    logger.info("serving %r (context %d tokens) on http://%s:%d/v1", scheduler.model_name, scheduler.max_context,
-                args.host, args.port)
-    uvicorn.run(create_app(scheduler), host=args.host, port=args.port, log_level="info")
+    server = ServerThread(create_app(scheduler, manage_scheduler=False), host=args.host, port=args.port, log_level="info")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C: requests end "cancelled"
+    try:
+        with server:
+            logger.info("serving %r (context %d tokens) on http://%s:%d/v1", scheduler.model_name, scheduler.max_context,
+                        args.host, server.port)
+            scheduler.run()
+    except KeyboardInterrupt:
+        logger.info("stopping")
+    finally:
+        scheduler.stop()
     return 0
 
 
@@ -284,8 +298,9 @@ async def _cancel_on_disconnect(request, stream) -> None:
 # The app
 
 
-def create_app(scheduler):
-    """A FastAPI app serving ``scheduler``; its lifespan starts and stops the scheduler."""
+def create_app(scheduler, manage_scheduler: bool = True):
+    """A FastAPI app serving ``scheduler``. With ``manage_scheduler`` its lifespan starts the engine in a
+    background thread and stops it; without, whoever made the app runs the engine (``scheduler.run()``)."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -316,6 +331,9 @@ def create_app(scheduler):
 
     @asynccontextmanager
     async def lifespan(app):
+        if not manage_scheduler:
+            yield
+            return
         scheduler.start()
         try:
             yield
@@ -466,21 +484,26 @@ def create_app(scheduler):
 class ServerThread:
     """uvicorn serving ``app`` in a background thread (port 0: a free one); ``with`` gives its base URL."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.host = host
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        self.thread = threading.Thread(target=self.server.run, name="adaflash-http", daemon=True)
+        self.port: int | None = None
 
     def __enter__(self) -> str:
         self.thread.start()
         deadline = time.time() + 30
         while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the benchmark's HTTP server did not start")
+            if not self.thread.is_alive():  # uvicorn logs why (a port in use, say) and exits its thread
+                raise RuntimeError(f"the HTTP server did not start on {self.host}; see the log above.")
+            if time.time() > deadline:
+                raise RuntimeError("the HTTP server did not start within 30 s.")
             time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
