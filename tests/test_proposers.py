@@ -159,6 +159,23 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     assert policy.wants_drafts(16)
 
 
+def test_a_round_that_proposed_counts_as_speculative_even_when_it_verified_only_anchors():
+    cost = VerifyCostModel()
+    cost.update(16, 0.100, rows=16)
+    policy = GoodputVerifyLength(cost_model=cost)
+    anchors = torch.ones(16, dtype=torch.long)
+    assert policy.wants_drafts(16)  # proposals made (the drafter ran), then every row chose a plain step: 1.2 steps' time
+    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.120)
+    assert policy.rate(5, True) == pytest.approx(1 / 1.2) and (5, False) not in policy.realised
+    assert not policy.wants_drafts(16)  # time a real plain step next
+    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100)
+    assert policy.rate(5, False) == pytest.approx(1.0) and policy.losing(5)
+    assert not policy.wants_drafts(16)  # proposing costs more than it brings here: hold plain steps
+    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100)
+    policy.update(torch.zeros(16, dtype=torch.long), torch.full((16,), 3), 0.2)  # no wants_drafts asked: filed by verify lengths
+    assert policy._since[(5, True)] == 0
+
+
 def test_slow_first_speculative_rounds_do_not_hold_plain_steps_for_long():
     cost = VerifyCostModel()
     cost.update(4, 0.010, rows=4)  # a plain step of 4 rows

@@ -159,6 +159,7 @@ class GoodputVerifyLength:
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
     _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
+    _asked: tuple[int, bool] | None = field(default=None, repr=False)  # (rows, answer) of the last wants_drafts
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
         """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
@@ -181,7 +182,16 @@ class GoodputVerifyLength:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
         tokens per second than plain steps (an explored speculative round keeps that evidence fresh,
         less often the longer it keeps losing), right after the first speculative round of a batch
-        size, and once every ``refresh_plain_every`` rounds to time a plain step."""
+        size, and once every ``refresh_plain_every`` rounds to time a plain step.
+
+        The answer also decides how :meth:`update` files the round: a round that proposed is a
+        speculative attempt even where every row then verified only its anchor, since it paid for the
+        proposals (filing it as a plain step would make plain steps look slower than they are)."""
+        answer = self._wants_drafts(rows)
+        self._asked = (rows, answer)
+        return answer
+
+    def _wants_drafts(self, rows: int) -> bool:
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
@@ -211,7 +221,9 @@ class GoodputVerifyLength:
         if seconds <= 0 or not len(verify_lens):
             return
         rows = len(verify_lens)
-        bucket, speculative = rows.bit_length(), bool((verify_lens > 1).any())
+        asked, self._asked = self._asked, None
+        proposed = asked[1] if asked is not None and asked[0] == rows else None  # None: update without wants_drafts
+        bucket, speculative = rows.bit_length(), bool((verify_lens > 1).any()) if proposed is None else proposed
         measured = self.cost_model is not None and (self.cost_model.seconds or self.cost_model.batch_seconds)
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
         for kind in (False, True):  # every round ages both kinds' evidence, so a held kind's old rounds fade
