@@ -333,6 +333,9 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
     available, ``tau_history`` (``[{"requests": int, "tau": float}, ...]``); shown under the texts.
     length_head_policy: the AdaFlash side's verify-length policy (default: the engine's goodput policy).
     The verify cost is profiled and both paths are warmed up here, so the first request runs as later ones.
+    All torch work (this profile, the warm-up, every race) runs in one thread, :func:`torch_thread`, not in
+    Gradio's handler threads: on a CPU each OS thread running torch would own an OpenMP team, and libgomp
+    slows every team once there are two (``adaflash_hf/serving/torch_thread.py``).
     """
     gr = import_gradio()
     import torch
@@ -341,20 +344,22 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
     from .decoding.proposers import DraftingState
     from .decoding.state import RowSpec
     from .prompting import chat_prompt_ids
+    from .serving.torch_thread import torch_thread
 
+    compute = torch_thread()
     drafting_state = DraftingState()  # acceptance rates and the global index learn across the page's requests
-    drafting_state.cost_model.calibrate(target, (1, 2, 4, 8, 16, 32))  # this machine's verify costs from the first request
+    compute.call(drafting_state.cost_model.calibrate, target, (1, 2, 4, 8, 16, 32))  # this machine's verify costs
     eos = target.generation_config.eos_token_id
     stop_ids = frozenset() if eos is None else frozenset(torch.tensor(eos).flatten().tolist())
     chooser = "the length head" if length_head_policy is not None else "the goodput policy"
 
     def run(prompt: str, budget: int, temperature: float) -> Iterator[Race]:
         spec = RowSpec(0, chat_prompt_ids(tokenizer, prompt), int(budget), sampling_params(temperature), stop_ids)
-        yield from race(target, drafter, spec, drafting_state=drafting_state, verify_policy=length_head_policy)
+        yield from compute.iterate(race(target, drafter, spec, drafting_state=drafting_state, verify_policy=length_head_policy))
 
     # First passes pay one-off costs; a throwaway state and policy keep them out of what the page's policy learns.
     warm_up = RowSpec(0, chat_prompt_ids(tokenizer, "Hi!"), 8, stop_ids=stop_ids)
-    for _ in race(target, drafter, warm_up, drafting_state=DraftingState(), verify_policy=FixedVerifyLength()):
+    for _ in compute.iterate(race(target, drafter, warm_up, drafting_state=DraftingState(), verify_policy=FixedVerifyLength())):
         pass
 
     def opd_outputs() -> list:
@@ -425,11 +430,15 @@ def load_demo(args: DemoArgs) -> gradio.Blocks:
     import_gradio()
     from .drafters import load_drafter
     from .serving.server import adaptive_policy
+    from .serving.torch_thread import torch_thread
     from .targets import load_target
 
-    target, tokenizer = load_target(args.target, dtype=args.dtype)
-    drafter = load_drafter(args.drafter, target, target_name=args.target)
-    policy = adaptive_policy(drafter, args.length_head, args.target)
+    def load():  # in the thread that will run every race (build_demo)
+        target, tokenizer = load_target(args.target, dtype=args.dtype)
+        drafter = load_drafter(args.drafter, target, target_name=args.target)
+        return target, tokenizer, drafter, adaptive_policy(drafter, args.length_head, args.target)
+
+    target, tokenizer, drafter, policy = torch_thread().call(load)
     return build_demo(target, drafter, tokenizer, length_head_policy=policy, max_new_tokens=args.max_new_tokens)
 
 

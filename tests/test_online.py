@@ -30,7 +30,7 @@ from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapte
 from adaflash_hf.training.length_head import AlwaysDraftState
 from adaflash_hf.training.losses import clipped_reverse_kl, opd_topk_loss, topk_reverse_kl
 
-from conftest import left_pad, random_prompts, tiny_target
+from conftest import greedy_reference, left_pad, random_prompts, tiny_target
 
 
 @pytest.fixture
@@ -288,7 +288,8 @@ def test_publish_follow_skips_a_corrupt_version_and_merge_matches(pair, tmp_path
 # ------------------------------------------------------------------------------------------------
 # the pipeline and its faults
 def _opd(target, drafter, **overrides) -> AdaFlashOPD:
-    config = dict(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2, duty_cycle=1.0, lr=1e-2)
+    config = dict(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2, duty_cycle=1.0, lr=1e-2,
+                  worker="thread")  # the background thread; the inline tests below ask for "inline"
     config.update(overrides)
     return AdaFlashOPD(target, drafter, OPDConfig(**config))
 
@@ -453,3 +454,106 @@ def test_the_soak_survives_every_fault(pair):
     assert {e["fault"] for e in report["faults"]} == {"kill", "nan", "corrupt", "full"}
     assert all(e["recovered"] for e in report["faults"]), report["faults"]
     assert report["passed"]
+
+
+# ------------------------------------------------------------------------------------------------
+# inline training: in the engine's thread, between rounds (the default on a CPU)
+def test_auto_trains_inline_on_a_cpu(pair):
+    target, drafter = pair
+    assert OPDConfig().worker == "auto" and AdaFlashOPD(target, drafter).inline
+    assert not AdaFlashOPD(target, drafter, OPDConfig(worker="thread")).inline
+    with pytest.raises(ValueError, match="worker must be"):
+        OPDConfig(worker="process")
+
+
+def test_inline_training_runs_between_rounds_in_the_engine_thread_and_stays_lossless(pair, tmp_path):
+    target, drafter = pair
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    reference = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False).sequences
+    opd = _opd(target, drafter, worker="inline", publish_dir=str(tmp_path)).start()
+    threads = set()
+    inner = opd._step
+    opd._step = lambda batch: threads.add(threading.current_thread()) or inner(batch)
+    for _ in range(12):  # every round first trains one batch (duty cycle 1), then swaps in what was published
+        _serve(target, drafter, opd, 1, reference)
+        if opd.slot.version >= 2:
+            break
+    opd.stop()
+    status = opd.status()
+    assert threads == {threading.current_thread()}  # no other thread ran torch
+    assert status["worker"] == "inline" and status["steps"] > 0 and status["adapter_version"] >= 2, status
+    assert status["swaps"] >= 2 and status["errors"] == []
+
+
+def test_inline_training_keeps_to_its_duty_cycle():
+    from adaflash_hf.online.opd import AdaFlashOPD as OPD
+
+    opd = OPD.__new__(OPD)  # the budget logic alone: a fake 20 ms training batch, 5 ms rounds
+    opd.inline, opd._inline_on, opd.state, opd._credit, opd._tick = True, True, "training", 0.0, time.perf_counter()
+    opd.config, opd.idle_train_seconds, opd.errors = OPDConfig(duty_cycle=0.25), 0.0, []
+    trained = []
+
+    def work(wait):
+        time.sleep(0.02)
+        trained.append(0.02)
+        return 0.02
+
+    opd._work_once = work
+    start = time.perf_counter()
+    while time.perf_counter() - start < 1.5:
+        opd.train_between_rounds()
+        time.sleep(0.005)  # a round of serving
+    share = sum(trained) / (time.perf_counter() - start)
+    assert 0.15 < share < 0.32, share  # 0.25 of wall time (one batch of slack)
+    before = len(trained)
+    for _ in range(5):  # idle: no budget needed, and idle time does not count against it
+        assert opd.train_between_rounds(idle=True)
+    assert len(trained) == before + 5 and opd.idle_train_seconds == pytest.approx(0.1)
+
+
+def test_an_inline_fault_stops_training_not_serving_and_is_restarted(pair):
+    target, drafter = pair
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    reference = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False).sequences
+    opd = _opd(target, drafter, worker="inline", max_restarts=1).start()
+    _serve(target, drafter, opd, 1, reference)  # data for the trainer
+    opd.inject_fault("kill")
+    _serve(target, drafter, opd, 1, reference)  # the next round's training dies; the round itself is served
+    assert opd.status()["state"] == "dead" and not opd.status()["worker_alive"] and "worker killed" in opd.status()["errors"]
+    assert opd.check_health() and opd.status()["restarts"] == 1 and opd.status()["worker_alive"]
+    opd.inject_fault("nan")
+    _serve(target, drafter, opd, 2, reference)
+    assert opd.status()["nan_steps"] == 1 and opd.status()["worker_alive"]  # rolled back, training goes on
+    opd.inject_fault("kill")
+    _serve(target, drafter, opd, 1, reference)
+    assert not opd.check_health() and opd.status()["state"] == "failed"  # out of restarts: reported
+    _serve(target, drafter, opd, 1, reference)
+    opd.stop()
+
+
+def test_an_idle_scheduler_gives_its_thread_to_inline_training(pair):
+    import asyncio
+
+    from adaflash_hf.serving.loadtest import serve_while
+    from adaflash_hf.serving.scheduler import RequestParams, Scheduler, SchedulerConfig
+
+    target, drafter = pair
+    opd = _opd(target, drafter, worker="inline", steps_per_version=1000, duty_cycle=0.01)
+    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=4, calibrate=False), opd=opd)
+    prompts = random_prompts([5, 7, 9, 6], seed=4)
+    reference = [greedy_reference(target, p, 16)[len(p):] for p in prompts]
+
+    async def client():
+        first = await asyncio.gather(*(scheduler.submit(p, RequestParams(max_new_tokens=16)).collect() for p in prompts))
+        before = opd.status()["steps"]
+        for _ in range(400):  # no requests: the engine trains (replaying what it has) instead of waiting
+            if opd.status()["steps"] >= before + 3:
+                break
+            await asyncio.sleep(0.05)
+        idle_steps = opd.status()["steps"] - before
+        again = await asyncio.gather(*(scheduler.submit(p, RequestParams(max_new_tokens=16)).collect() for p in prompts))
+        return first, again, idle_steps
+
+    first, again, idle_steps = serve_while(scheduler, client)
+    assert idle_steps >= 3 and opd.status()["idle_train_seconds"] > 0
+    assert [t for t, _ in first] == reference and [t for t, _ in again] == reference

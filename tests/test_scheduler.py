@@ -204,3 +204,60 @@ def test_memory_stays_flat_over_500_requests():
     assert not scheduler._active and not scheduler.batch.ids and not scheduler.batch.specs
     assert not scheduler.batch.proposer.history and not scheduler.batch.proposer.rows
     assert scheduler.drafting_state.global_index.num_tokens <= 500 + 20
+
+
+def test_the_engine_runs_in_the_calling_thread_until_stopped_from_another(target, drafter):
+    """Scheduler.run(): the engine in this thread (as adaflash serve runs it), clients in another; stop() ends it."""
+    import threading
+
+    from adaflash_hf.serving.loadtest import serve_while
+
+    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=2, calibrate=False))
+    prompts = random_prompts([5, 8, 6], seed=21)
+    engine_threads = set()
+    inner = scheduler.batch.step
+    scheduler.batch.step = lambda: engine_threads.add(threading.current_thread()) or inner()
+
+    async def client():
+        return await asyncio.gather(*(scheduler.submit(p, RequestParams(max_new_tokens=9)).collect() for p in prompts))
+
+    with pytest.raises(RuntimeError, match="not running"):
+        asyncio.run(client())
+    results = serve_while(scheduler, client)
+    assert engine_threads == {threading.current_thread()}  # every round ran here, none in the client's thread
+    import torch
+
+    assert torch.is_grad_enabled()  # the engine's no-grad mode ended with run()
+    for prompt, (tokens, _) in zip(prompts, results):
+        assert tokens == greedy_reference(target, prompt, 9)[len(prompt):]
+    assert not scheduler.status()["running"]
+    again = serve_while(scheduler, client)  # a stopped scheduler runs again
+    assert [t for t, _ in again] == [t for t, _ in results]
+
+    async def failing():
+        raise ValueError("client broke")
+
+    with pytest.raises(ValueError, match="client broke"):  # the client's error reaches the engine's thread; the engine stops
+        serve_while(scheduler, failing)
+    assert not scheduler.status()["running"]
+
+
+def test_a_torch_thread_runs_calls_and_generators_in_one_thread():
+    import threading
+
+    from adaflash_hf.serving.torch_thread import TorchThread, torch_thread
+
+    worker = TorchThread()
+    seen = []
+
+    def steps():
+        for i in range(3):
+            seen.append(threading.current_thread())
+            yield i
+
+    assert list(worker.iterate(steps())) == [0, 1, 2]
+    assert len(set(seen)) == 1 and seen[0] is not threading.current_thread()
+    assert worker.call(threading.current_thread) is seen[0]
+    with pytest.raises(ZeroDivisionError):
+        worker.call(lambda: 1 / 0)
+    assert torch_thread() is torch_thread()

@@ -88,3 +88,45 @@ def test_the_load_generator_reports_every_request(stack):
     assert row["mean_accepted_length"] >= 1 and row["peak_rss_mb"] > 0
     assert all(r["queue_wait_s"] is not None for r in records)
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(tmp_path):
+    """The CLI as a user starts it: engine in the main thread, uvicorn beside it; SIGTERM ends it cleanly."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    target, drafter, tokenizer = tiny_chat_models(max_positions=256)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    drafter.save_pretrained(tmp_path / "drafter")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "adaflash_hf.cli", "serve", "--target", str(tmp_path / "target"), "--drafter",
+         str(tmp_path / "drafter"), "--dtype", "fp32", "--port", str(port), "--served-model-name", "tiny"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        deadline = time.time() + 120
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert process.poll() is None, process.stdout.read()
+                assert time.time() < deadline, "the server did not come up within 120 s"
+                time.sleep(0.2)
+        prompt = [5, 17, 33, 8, 21]
+        reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
+        assert reply.choices[0].text == reference_text(target, tokenizer, prompt, 12)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert "Traceback" not in output and "stopping" in output

@@ -26,7 +26,8 @@ class OPDConfig:
     check_size: int = field(default=16, metadata={"help": "Held-out trajectories kept for the check (the newest)."})
     min_improvement: float = field(default=0.0, metadata={"help": "Publish only when held-out tau beats the serving version by at least this."})
     duty_cycle: float = field(default=0.25, metadata={"help": "Share of wall time the trainer may compute (it sleeps the rest); 1 = no limit."})
-    train_threads: int = field(default=1, metadata={"help": "torch threads of the training thread (serving keeps its own)."})
+    worker: str = field(default="auto", metadata={"help": "Where training runs: 'inline' (in the engine's thread between rounds, under the duty cycle, and whenever the engine is idle), 'thread' (a background thread with train_threads threads), 'auto' (inline on a CPU, thread on an accelerator)."})
+    train_threads: int = field(default=1, metadata={"help": "torch threads of the training thread (worker 'thread'; inline training uses the engine's)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
     top_k: int = field(default=32, metadata={"help": "Teacher entries kept per generated token."})
     buffer_trajectories: int = field(default=256, metadata={"help": "Buffer bound in trajectories (the oldest are dropped)."})
@@ -45,6 +46,8 @@ class OPDConfig:
                      "check_size", "train_threads", "top_k", "buffer_trajectories", "buffer_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.worker not in ("auto", "inline", "thread"):
+            raise ValueError(f"worker must be 'auto', 'inline' or 'thread', got {self.worker!r}.")
         if self.replay_trajectories < 0:
             raise ValueError(f"replay_trajectories must be >= 0, got {self.replay_trajectories}.")
         if self.lr <= 0 or self.clip <= 0:

@@ -4,12 +4,19 @@ Data flow (AdaFlash, ``shared/DESIGN.md`` §4):
 
 1. **Record.** The engine hands every verified round to :attr:`AdaFlashOPD.observer`; finished
    requests become :class:`~.trajectories.Trajectory` objects in a bounded buffer (no extra target pass).
-2. **Train.** A background thread takes trajectories (every ``check_every``-th one is kept apart for
+2. **Train.** The trainer takes trajectories (every ``check_every``-th one is kept apart for
    the acceptance check), and trains LoRA adapters on its own copy of the drafter with
    α·CE + (1−α)·clipped reverse KL on the target's top-k distribution, the position decay, and
    ``rejected_weight`` on positions where verification rejected a drafter draft (Draft-OPD).
-   It runs under a duty cycle (``duty_cycle`` of wall time) and in ``train_threads`` threads, so
-   serving keeps the CPU.
+   It computes at most ``duty_cycle`` of wall time while requests run. Where it runs (``worker``):
+   - ``inline`` (the default on a CPU): in the engine's own thread, one batch at a time between
+     rounds (``observer.before_round()``), plus whenever the serving engine is idle. Serving and
+     training never compete for cores, and training uses all of the engine's threads. On a CPU a
+     second thread running torch would own a second OpenMP team, which slows both (libgomp;
+     ``adaflash_hf/serving/torch_thread.py``), and a trainer thread on one of two cores stalls
+     every parallel region of serving that waits for that core.
+   - ``thread``: a background thread with ``train_threads`` threads (for accelerators, where the
+     device overlaps the two).
 3. **Check and publish.** Every ``steps_per_version`` steps the candidate is compared with the
    serving version by teacher-forced τ on the held-out trajectories; only a candidate that is at
    least as good is published (a new version; optionally written to ``publish_dir``).
@@ -50,12 +57,14 @@ class WorkerKilled(BaseException):
 
 
 class _Observer:
-    """What the engine calls: records trajectories and applies new adapter versions between rounds."""
+    """What the engine calls: records trajectories, trains (inline) and applies new adapter versions between rounds."""
 
-    def __init__(self, recorder: TrajectoryRecorder, slot: AdapterSlot, on_swap):
-        self.recorder, self.slot, self.on_swap = recorder, slot, on_swap
+    def __init__(self, recorder: TrajectoryRecorder, slot: AdapterSlot, on_swap, train=None):
+        self.recorder, self.slot, self.on_swap, self.train = recorder, slot, on_swap, train
 
     def before_round(self) -> None:
+        if self.train is not None:
+            self.train()
         if self.slot.apply_pending():
             self.on_swap(self.slot.version)
 
@@ -91,7 +100,7 @@ class AdaFlashOPD:
         self.slot = AdapterSlot(drafter)
         self.buffer = TrajectoryBuffer(self.config.buffer_trajectories, self.config.buffer_mb * 2**20)
         self.recorder = TrajectoryRecorder(self.buffer, top_k=self.config.top_k)
-        self.observer = _Observer(self.recorder, self.slot, self._on_swap)
+        self.observer = _Observer(self.recorder, self.slot, self._on_swap)  # its train hook is set below, for inline
         # The trainer's own copy: fp32 LoRA weights, base frozen; the serving drafter is never touched by it.
         self.train_model = copy.deepcopy(drafter).float().train()
         for name, param in self.train_model.named_parameters():
@@ -100,6 +109,13 @@ class AdaFlashOPD:
         self.check_set: deque[Trajectory] = deque(maxlen=self.config.check_size)
         self.replay: deque[Trajectory] = deque(maxlen=self.config.replay_trajectories)
         self.version = 0
+        device = next(target.parameters()).device
+        self.inline = self.config.worker == "inline" or (self.config.worker == "auto" and device.type == "cpu")
+        self.observer.train = self.train_between_rounds if self.inline else None
+        self._inline_on = False  # inline: between start() and stop()
+        self._credit = 0.0  # inline: seconds of training the duty cycle allows now
+        self._tick: float | None = None
+        self.idle_train_seconds = 0.0  # inline: training done while the engine had no requests
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._health_lock = threading.Lock()
@@ -132,19 +148,67 @@ class AdaFlashOPD:
             del t.adaflash_observer
 
     def start(self) -> AdaFlashOPD:
-        if self._thread is not None and self._thread.is_alive():
-            return self
         self._stop.clear()
         self.started_at = self.started_at or time.perf_counter()
+        if self.inline:  # nothing to start: the engine trains between rounds (train_between_rounds)
+            self._inline_on, self._tick = True, time.perf_counter()
+            if self.state in ("idle", "stopped"):
+                self.state = "waiting for data"
+            return self
+        if self._thread is not None and self._thread.is_alive():
+            return self
         self._thread = threading.Thread(target=self._run, name="adaflash-opd", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        self._inline_on = False
         if self._thread is not None:
             self._thread.join(timeout)
         self.state = "stopped"
+
+    @property
+    def alive(self) -> bool:
+        """Whether training goes on: the worker thread runs, or inline training is on and has not died."""
+        if self.inline:
+            return self._inline_on and self.state not in ("dead", "failed")
+        return self._thread is not None and self._thread.is_alive()
+
+    def wants_idle_time(self) -> bool:
+        """Inline: whether an idle engine has something to train on (new trajectories or replay)."""
+        return (self.alive and self.buffer.added >= self.config.min_trajectories
+                and (len(self.buffer) > 0 or len(self.replay) >= self.config.batch_trajectories))
+
+    def train_between_rounds(self, idle: bool = False) -> bool:
+        """Inline: train one batch in the calling (engine) thread if the duty cycle allows it now, or
+        unconditionally when ``idle`` (the engine has no requests). Returns whether it trained.
+        Never raises: a fault stops training (``status()``), and ``check_health()`` restarts it."""
+        if not self.inline or not self.alive:
+            return False
+        now = time.perf_counter()
+        self._credit = min(self._credit + self.config.duty_cycle * (now - (self._tick or now)), 1.0)
+        self._tick = now
+        if not idle and self._credit <= 0:
+            return False
+        try:
+            with torch.inference_mode(False), torch.enable_grad():  # the engine's rounds run in inference mode
+                work = self._work_once(wait=0.0)
+        except WorkerKilled:
+            self.errors.append("worker killed")
+            self.state = "dead"
+            return False
+        except Exception as exc:  # a bug in training must never reach serving
+            logger.exception("OPD training failed")
+            self.errors.append(f"worker failed: {type(exc).__name__}: {exc}")
+            self.state = "dead"
+            return False
+        if idle:  # idle time is free: it neither spends nor earns budget
+            self.idle_train_seconds += work
+            self._tick = time.perf_counter()
+        else:  # the budget earned over this batch's own time is added at the next call
+            self._credit -= work
+        return work > 0
 
     def check_health(self) -> bool:
         """Whether the worker runs; a dead one is restarted (up to ``max_restarts``) from the last good adapter."""
@@ -152,6 +216,16 @@ class AdaFlashOPD:
             return self._check_health()
 
     def _check_health(self) -> bool:
+        if self.inline:
+            if not self._inline_on or self.state != "dead":
+                return self.alive
+            if self.counters["restarts"] >= self.config.max_restarts:
+                self.state = "failed"
+                return False
+            self.counters["restarts"] += 1
+            self._rollback()
+            self.state = "waiting for data"
+            return True
         if self._thread is None or self._thread.is_alive() or self._stop.is_set():
             return self._thread is not None and self._thread.is_alive()
         if self.counters["restarts"] >= self.config.max_restarts:
@@ -170,10 +244,11 @@ class AdaFlashOPD:
         self._faults.add(kind)
 
     def status(self) -> dict:
-        alive = self._thread is not None and self._thread.is_alive()
+        alive = self.alive
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
         return {
             "state": self.state if alive or self.state in ("stopped", "failed", "idle") else "dead",
+            "worker": "inline" if self.inline else "thread",
             "worker_alive": alive,
             "adapter_version": self.slot.version,
             "published_version": self.version,
@@ -181,6 +256,7 @@ class AdaFlashOPD:
             "last_check": self.last_check,
             "train_seconds": round(self.train_seconds, 2),
             "train_share": round(self.train_seconds / elapsed, 3) if elapsed else 0.0,
+            "idle_train_seconds": round(self.idle_train_seconds, 2),
             "buffer": self.buffer.counters(),
             "check_set": len(self.check_set),
             "errors": list(self.errors),
@@ -195,36 +271,16 @@ class AdaFlashOPD:
     # ----------------------------------------------------------------------------------------------
     # the worker
     def _run(self) -> None:
+        """The worker thread (``worker='thread'``): train, then sleep so that training is ``duty_cycle`` of wall time."""
         torch.set_num_threads(self.config.train_threads)  # this thread's pool only; serving keeps its threads
         try:
             while not self._stop.is_set():
-                if "kill" in self._faults:
-                    self._faults.discard("kill")
-                    raise WorkerKilled("injected")
-                if self.buffer.added < self.config.min_trajectories:
+                if self.buffer.added < self.config.min_trajectories and "kill" not in self._faults:
                     self.state = "waiting for data"
                     self._stop.wait(0.2)
                     continue
-                replay_ready = len(self.replay) >= self.config.batch_trajectories
-                batch = self._take_batch(timeout=0.0 if replay_ready else 0.5)
-                if not batch and replay_ready:  # nothing new: revisit recent ones
-                    picks = torch.randperm(len(self.replay), generator=self._generator)[: self.config.batch_trajectories]
-                    batch = [self.replay[i] for i in picks.tolist()]
-                    self.counters["replayed_batches"] += 1
-                if not batch:
-                    self.state = "waiting for data"
-                    continue
-                self.state = "training"
-                tick = time.perf_counter()
-                for _ in range(self.config.passes):
-                    self._guarded_step(batch)
-                self._steps_since_check += self.config.passes
-                if self._steps_since_check >= self.config.steps_per_version:
-                    self._steps_since_check = 0
-                    self._check_and_publish()
-                work = time.perf_counter() - tick
-                self.train_seconds += work
-                if self.config.duty_cycle < 1:  # yield the CPU to serving
+                work = self._work_once(wait=0.5)
+                if work and self.config.duty_cycle < 1:  # yield the CPU to serving
                     self._stop.wait(work * (1 - self.config.duty_cycle) / self.config.duty_cycle)
         except WorkerKilled:
             self.errors.append("worker killed")
@@ -233,6 +289,36 @@ class AdaFlashOPD:
             logger.exception("OPD worker failed")
             self.errors.append(f"worker failed: {type(exc).__name__}: {exc}")
             self.state = "dead"
+
+    def _work_once(self, wait: float) -> float:
+        """Train on one batch (``passes`` steps; new trajectories first, else replay), check and publish
+        when due; returns the seconds it took (0.0: nothing to train on)."""
+        if "kill" in self._faults:
+            self._faults.discard("kill")
+            raise WorkerKilled("injected")
+        if self.buffer.added < self.config.min_trajectories:
+            self.state = "waiting for data"
+            return 0.0
+        replay_ready = len(self.replay) >= self.config.batch_trajectories
+        batch = self._take_batch(timeout=0.0 if replay_ready else wait)
+        if not batch and replay_ready:  # nothing new: revisit recent ones
+            picks = torch.randperm(len(self.replay), generator=self._generator)[: self.config.batch_trajectories]
+            batch = [self.replay[i] for i in picks.tolist()]
+            self.counters["replayed_batches"] += 1
+        if not batch:
+            self.state = "waiting for data"
+            return 0.0
+        self.state = "training"
+        tick = time.perf_counter()
+        for _ in range(self.config.passes):
+            self._guarded_step(batch)
+        self._steps_since_check += self.config.passes
+        if self._steps_since_check >= self.config.steps_per_version:
+            self._steps_since_check = 0
+            self._check_and_publish()
+        work = time.perf_counter() - tick
+        self.train_seconds += work
+        return work
 
     def _take_batch(self, timeout: float) -> list[Trajectory]:
         batch = []

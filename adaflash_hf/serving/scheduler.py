@@ -348,26 +348,39 @@ class Scheduler:
     def _engine(self) -> None:
         """The engine loop, in whichever thread runs it: profile, start OPD, serve rounds, end requests."""
         try:
-            torch.set_grad_enabled(False)  # per thread
-            self.calibrate()
-            if self.opd is not None:
-                self.opd.start()
-            self._serving.set()
-            self._run()
+            with torch.no_grad():  # restored on exit: run() may be called from the caller's own thread
+                self.calibrate()
+                if self.opd is not None:
+                    self.opd.start()
+                self._serving.set()
+                self._run()
         finally:
             self._serving.clear()
             self._fail_all(None)
             self._stopped.set()
 
     def _run(self) -> None:
+        idle_training = False
         while True:
             with self._lock:
                 while self._running and not self._queue and not self._active:
+                    if self.opd is not None and self.opd.inline and self.opd.wants_idle_time():
+                        idle_training = True  # no requests: the inline OPD trainer gets the engine's thread
+                        break
                     self._lock.wait()
                 if not self._running:
                     break
                 cancelled, self._cancelled = self._cancelled, set()
                 admitted = self._admit()
+            if idle_training and not admitted and not len(self.batch):
+                idle_training = False
+                if not self.opd.train_between_rounds(idle=True):
+                    self.opd.check_health()  # a fault ended inline training: restart it (bounded) or report it
+                    with self._lock:  # nothing trained: wait for a request (or more data) instead of spinning
+                        if self._running and not self._queue:
+                            self._lock.wait(0.5)
+                continue
+            idle_training = False
             try:
                 self._drop(cancelled)
                 if admitted:
