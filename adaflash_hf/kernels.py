@@ -21,6 +21,7 @@ through ``weight.data`` bypasses torch's version counter: call :func:`pack_linea
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import time
@@ -81,6 +82,14 @@ class PackedLinear(torch.nn.Linear):
         if self.packed is None or self.packed_from != stamp:
             self.packed, self.packed_from = pack_weight(weight), stamp
         return self.packed
+
+    def __deepcopy__(self, memo):
+        """A copy without the packed weight (an opaque oneDNN tensor cannot be copied); it repacks on first use."""
+        clone = self.__class__.__new__(self.__class__)
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            clone.__dict__[key] = None if key in ("packed", "packed_from") else copy.deepcopy(value, memo)
+        return clone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_enabled and use_packed(x, self.weight):

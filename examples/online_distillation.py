@@ -1,12 +1,13 @@
-"""On-policy distillation while you generate: a LoRA adapter on the drafter learns from live requests in the background.
+"""On-policy distillation while you generate: a LoRA adapter on the drafter learns from live requests as they are served.
 
     python examples/online_distillation.py
     python examples/online_distillation.py --requests 60 --duty-cycle 0.25 --publish-dir opd-adapters --merged-dir merged-drafter
     python examples/online_distillation.py --dtype fp32 --check   # also compare every answer with the target's own
 
 Each request is an ordinary `target.generate(..., assistant_model=drafter)` call. `AdaFlashOPD.attach()`
-makes those calls record what the target verified (no extra target pass); a background thread trains
-LoRA adapters on the drafter from the recordings, publishes a version to `--publish-dir` only when it
+makes those calls record what the target verified (no extra target pass); between rounds, within the
+duty cycle (on a CPU in the same thread; OPDConfig.worker), the trainer fits LoRA adapters on the drafter
+to the recordings, publishes a version to `--publish-dir` only when it
 beats the serving one on held-out recordings, and the engine swaps it in between rounds. Every
 `--report-every` requests a line shows tokens per second, tau of the last requests and the OPD status
 (adapter version, training steps, the last held-out check). At the end the newest published adapter

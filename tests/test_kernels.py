@@ -120,3 +120,19 @@ def test_full_vocabulary_draft_head_shares_the_lm_heads_packed_copy():
 def test_a_non_module_gets_a_clear_error():
     with pytest.raises(TypeError, match="takes a torch.nn.Module"):
         pack_linear_weights("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_a_packed_model_deep_copies_and_the_copy_repacks():
+    """AdaFlashOPD copies the serving drafter for its trainer: a packed (opaque oneDNN) weight must not break that."""
+    stock, packed = bf16_pair()
+    ids = torch.tensor([[5, 9, 11, 2]])
+    with torch.inference_mode():
+        packed(ids)  # the packed copies exist now
+    clone = copy.deepcopy(packed)
+    assert is_packed(clone) and all(m.packed is None for m in clone.modules() if isinstance(m, PackedLinear))
+    with torch.inference_mode():
+        assert torch.equal(clone(ids).logits, stock(ids).logits)  # repacked on first use, same outputs
+        assert all(m.packed is not None for m in clone.modules() if isinstance(m, PackedLinear))
+    assert clone.model.layers[0].mlp.up_proj.weight.data_ptr() != packed.model.layers[0].mlp.up_proj.weight.data_ptr()
+    float_copy = copy.deepcopy(packed).float()  # the OPD trainer's fp32 copy falls back to F.linear
+    assert float_copy(ids).logits.dtype == torch.float32

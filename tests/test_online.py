@@ -557,3 +557,24 @@ def test_an_idle_scheduler_gives_its_thread_to_inline_training(pair):
     first, again, idle_steps = serve_while(scheduler, client)
     assert idle_steps >= 3 and opd.status()["idle_train_seconds"] > 0
     assert [t for t, _ in first] == reference and [t for t, _ in again] == reference
+
+
+def test_opd_on_a_packed_bf16_pair_trains_inline_and_serves():
+    """The path of `adaflash serve --opd --dtype bf16` on a CPU: packed target and drafter weights."""
+    from adaflash_hf.kernels import is_packed, pack_linear_weights, packing_available
+
+    if not packing_available():
+        pytest.skip("no oneDNN bf16 linear ops here")
+    target = tiny_target("llama").to(torch.bfloat16)
+    torch.manual_seed(1)
+    drafter = AdaFlashDrafter.from_target(target, num_layers=2, block_size=5).to(torch.bfloat16).eval()
+    pack_linear_weights(target, check_speed=False)
+    pack_linear_weights(drafter, check_speed=False)
+    ids, mask = left_pad(random_prompts([5, 7, 9, 6]))
+    generate(target, drafter, ids, mask, max_new_tokens=12, do_sample=False)  # the packed (opaque) copies exist now
+    opd = _opd(target, drafter, worker="inline").start()  # copies the packed drafter for its trainer
+    assert is_packed(drafter)
+    for _ in range(4):
+        generate(target, drafter, ids, mask, max_new_tokens=12, do_sample=False, observer=opd.observer)
+    opd.stop()
+    assert opd.status()["steps"] > 0 and opd.status()["errors"] == [], opd.status()

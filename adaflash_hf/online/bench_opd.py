@@ -44,6 +44,7 @@ class BenchOPDArgs:
     duty_cycle: float = field(default=OPDConfig.duty_cycle, metadata={"help": "Share of wall time the OPD trainer may compute."})
     lr: float = field(default=OPDConfig.lr, metadata={"help": "OPD learning rate."})
     lora_rank: int = field(default=OPDConfig.lora_rank, metadata={"help": "LoRA rank."})
+    worker: str = field(default=OPDConfig.worker, metadata={"help": "Where OPD trains: auto, inline (the engine's thread, between rounds) or thread."})
     replay: int = field(default=OPDConfig.replay_trajectories, metadata={"help": "Trained trajectories the idle trainer revisits (0: each is trained on once)."})
     num_threads: int | None = field(default=None, metadata={"help": "torch threads for serving (default: torch's)."})
     output: str = field(default="results/bench_opd.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."})
@@ -149,7 +150,7 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     off_tokens, off_seconds = serve(live_ids[:off_n], None) if off_n else (0, 0.0)
 
     opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.duty_cycle, lr=args.lr, lora_rank=args.lora_rank, seed=args.seed,
-                                                replay_trajectories=args.replay),
+                                                replay_trajectories=args.replay, worker=args.worker),
                       base_drafter_name=args.drafter)
     opd.start()
     curve = [{"requests": 0, "tau_shift": before["shift"], "tau_trained": before["trained"], "adapter_version": 0}]

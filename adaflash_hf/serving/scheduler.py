@@ -354,8 +354,10 @@ class Scheduler:
                     self.opd.start()
                 self._serving.set()
                 self._run()
-        finally:
+        finally:  # stopped, or (a bug) the loop itself failed: either way no request is left waiting
             self._serving.clear()
+            with self._lock:
+                self._running = False
             self._fail_all(None)
             self._stopped.set()
 
