@@ -4,10 +4,13 @@
 2. Measure τ on the eval prompts (``--eval-prompts`` file, or the project's eval split): the shift
    domain and the trained domains, greedy, drafter block only at full verify length, so τ measures
    the drafter alone.
-3. OPD off: serve the live stream (the project's *train* prompts of the shift domain, never the
-   eval prompts) one request at a time; tokens per second.
-4. OPD on: serve the same stream with trajectory recording, the background trainer and adapter
-   swaps; every ``--eval-every`` requests measure τ again (eval requests are not recorded).
+3. OPD on: serve the live stream (the project's *train* prompts of the shift domain, never the
+   eval prompts) one request at a time, with trajectory recording, training (inline between rounds
+   on a CPU) and adapter swaps; every ``--eval-every`` requests measure τ again (eval requests are
+   not recorded).
+4. OPD off: right after each block of the stream, serve the same requests again with no recording
+   and no training (the current adapter serves), so the tokens per second of both are measured
+   side by side and drift of the machine over the run hits both alike.
 5. Write a table, JSON (``shift_domain``, ``requests``, τ before/after on both sets, tokens per
    second with OPD on and off, ``curve``) and a plot of τ over requests.
 """
@@ -36,7 +39,7 @@ class BenchOPDArgs:
     shift_domain: str = field(default="fiction", metadata={"help": "Domain the drafter never trained on; the live stream comes from its train split."})
     trained_domains: str = field(default="code,math,chat", metadata={"help": "Domains the drafter was trained on (τ must not drop there)."})
     requests: int = field(default=200, metadata={"help": "Live requests streamed with OPD on."})
-    off_requests: int | None = field(default=None, metadata={"help": "Requests streamed with OPD off for the throughput baseline (default: --requests)."})
+    off_requests: int | None = field(default=None, metadata={"help": "Requests served again with OPD off, block by block after the OPD-on ones, for the throughput baseline (default: --requests)."})
     eval_prompts: str | None = field(default=None, metadata={"help": "JSONL of {prompt, domain} for τ (default: the eval split, --eval-per-domain per domain)."})
     eval_per_domain: int = field(default=8, metadata={"help": "Eval prompts per domain when --eval-prompts is not given."})
     eval_every: int = field(default=50, metadata={"help": "Measure τ every this many live requests."})
@@ -147,7 +150,7 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     before = measure_tau()
     print(f"τ before: {args.shift_domain} {before['shift']:.3f}, trained {before['trained']:.3f}", flush=True)
     off_n = args.requests if args.off_requests is None else args.off_requests
-    off_tokens, off_seconds = serve(live_ids[:off_n], None) if off_n else (0, 0.0)
+    off_tokens, off_seconds = 0, 0.0
 
     opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.duty_cycle, lr=args.lr, lora_rank=args.lora_rank, seed=args.seed,
                                                 replay_trajectories=args.replay, worker=args.worker),
@@ -158,6 +161,12 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     for start in range(0, args.requests, args.eval_every):
         tokens, seconds = serve(live_ids[start:start + args.eval_every], opd.observer)
         on_tokens, on_seconds = on_tokens + tokens, on_seconds + seconds
+        # OPD off: the same requests again, no recording and no training (the current adapter serves), right
+        # after the OPD-on block, so drift of the machine over the run hits both alike
+        off_block = live_ids[start:start + args.eval_every][: max(0, off_n - start)]
+        if off_block:
+            tokens, seconds = serve(off_block, None)
+            off_tokens, off_seconds = off_tokens + tokens, off_seconds + seconds
         opd.observer.before_round()  # take the newest version before measuring
         tau = measure_tau()
         done = min(start + args.eval_every, args.requests)

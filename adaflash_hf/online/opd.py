@@ -187,7 +187,8 @@ class AdaFlashOPD:
         if not self.inline or not self.alive:
             return False
         now = time.perf_counter()
-        self._credit = min(self._credit + self.config.duty_cycle * (now - (self._tick or now)), 1.0)
+        gap = min(now - (self._tick or now), 1.0)  # budget accrues while rounds run, not across long pauses
+        self._credit = min(self._credit + self.config.duty_cycle * gap, 1.0)
         self._tick = now
         if not idle and self._credit <= 0:
             return False
