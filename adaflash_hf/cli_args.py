@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import socket
 import types
 import typing
 from dataclasses import field
@@ -100,3 +101,14 @@ def encode_prompt(tokenizer, prompt: str, raw: bool = False):
     from .prompting import chat_prompt_ids
 
     return torch.tensor([chat_prompt_ids(tokenizer, prompt, raw=raw)], dtype=torch.long)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise a ValueError saying what to do when ``host:port`` cannot be listened on."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(f"cannot listen on {host}:{port} ({error.strerror or error}): pick a free port with "
+                             f"--port (e.g. --port {port + 1 if port < 65535 else 7860}) or a local address with --host.") from None

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import html
 import logging
-import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .cli_args import DTYPES, check_choice, dtype_field
+from .cli_args import DTYPES, check_choice, check_port_free, dtype_field
 from .targets import DEFAULT_TARGET, PRESETS
 
 if TYPE_CHECKING:
@@ -412,17 +411,6 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
         # one comparison at a time: both sides share the model, and their timings need the machine to themselves
         button.click(compare, inputs=[prompt, budget, temperature], outputs=outputs, concurrency_limit=1)
     return demo
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise a ValueError saying what to do when ``host:port`` cannot be listened on."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise ValueError(f"cannot listen on {host}:{port} ({error.strerror or error}): pick a free port with "
-                             f"--port (e.g. --port {port + 1 if port < 65535 else 7860}) or a local address with --host.") from None
 
 
 def load_demo(args: DemoArgs) -> gradio.Blocks:

@@ -409,3 +409,16 @@ def test_chat_template_problems_are_400(served, template, message):
         tokenizer.chat_template = saved
     assert response.status_code == 400 and response.json()["error"]["message"].startswith(message)
     assert_still_serving(served)
+
+
+def test_serve_on_a_port_in_use_says_so_before_loading_anything():
+    import socket
+
+    from adaflash_hf.serving.server import ServeArgs, run_serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}.*--port"):
+            run_serve(ServeArgs(target="/no/such/model", port=port))  # the port is checked first: no load is tried

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..cli_args import DTYPES, check_choice, dtype_field
+from ..cli_args import DTYPES, check_choice, check_port_free, dtype_field
 from ..targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ def run_serve(args: ServeArgs) -> int:
         import uvicorn  # noqa: F401
     except ImportError as error:
         raise SystemExit(f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' ({error}).") from None
+    check_port_free(args.host, args.port)  # before minutes of loading
     scheduler = build_scheduler(args)
     server = ServerThread(create_app(scheduler, manage_scheduler=False), host=args.host, port=args.port, log_level="info")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C: requests end "cancelled"
