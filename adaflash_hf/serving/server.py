@@ -126,6 +126,7 @@ def run_serve(args: ServeArgs) -> int:
         raise SystemExit(f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' ({error}).") from None
     check_port_free(args.host, args.port)  # before minutes of loading
     scheduler = build_scheduler(args)
+    scheduler.calibrate()  # here, before the port opens: no request waits behind the verify-cost profile
     server = ServerThread(create_app(scheduler, manage_scheduler=False), host=args.host, port=args.port, log_level="info")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C: requests end "cancelled"
     try:
