@@ -79,7 +79,7 @@ class _Observer:
 
 
 class AdaFlashOPD:
-    """On-policy distillation of ``drafter`` towards ``target``'s live traffic, in the background.
+    """On-policy distillation of ``drafter`` towards ``target``'s live traffic, while it is served.
 
     ``drafter`` becomes the serving drafter: a zero-initialised LoRA adapter is injected into it in
     place (outputs unchanged until the first swap). Pass :attr:`observer` to the engine

@@ -215,7 +215,7 @@ class Scheduler:
     # ----------------------------------------------------------------------------------------------
     # caller side (any thread with an asyncio loop)
     def start(self) -> None:
-        """Start the engine in a background thread (it profiles the verify cost first, a few seconds).
+        """Start the engine in a background thread (it profiles the verify cost first: seconds to a minute).
 
         On a CPU with few cores prefer :meth:`run` in the thread that loaded the models: libgomp slows
         every OpenMP region once two OS threads own thread teams, and a background engine next to a

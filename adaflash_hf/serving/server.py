@@ -45,7 +45,7 @@ class ServeArgs:
     tree_nodes: int | None = field(default=None, metadata={"help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single best candidate; default: the library's (DraftingConfig.tree_nodes)."})
     length_head: str = field(default="auto", metadata={"help": "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     served_model_name: str | None = field(default=None, metadata={"help": "Model id that clients send and /v1/models lists (default: --target)."})
-    opd: bool = field(default=False, metadata={"help": "On-policy distillation: train LoRA adapters on the drafter from live traffic in the background and swap them in between rounds (status under /v1/status)."})
+    opd: bool = field(default=False, metadata={"help": "On-policy distillation: train LoRA adapters on the drafter from live traffic (on a CPU between rounds, under --opd-duty-cycle, and while idle) and swap them in between rounds (status under /v1/status)."})
     opd_publish_dir: str | None = field(default=None, metadata={"help": "With --opd: also write each adapter version to this folder (v000N/ + LATEST) for other engines to follow."})
     opd_duty_cycle: float = field(default=0.25, metadata={"help": "With --opd: share of wall time the trainer may compute; serving keeps the rest."})
 
