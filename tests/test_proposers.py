@@ -165,15 +165,33 @@ def test_a_round_that_proposed_counts_as_speculative_even_when_it_verified_only_
     policy = GoodputVerifyLength(cost_model=cost)
     anchors = torch.ones(16, dtype=torch.long)
     assert policy.wants_drafts(16)  # proposals made (the drafter ran), then every row chose a plain step: 1.2 steps' time
-    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.120)
+    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.120, proposed=True)
     assert policy.rate(5, True) == pytest.approx(1 / 1.2) and (5, False) not in policy.realised
     assert not policy.wants_drafts(16)  # time a real plain step next
-    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100)
+    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100, proposed=False)
     assert policy.rate(5, False) == pytest.approx(1.0) and policy.losing(5)
     assert not policy.wants_drafts(16)  # proposing costs more than it brings here: hold plain steps
-    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100)
-    policy.update(torch.zeros(16, dtype=torch.long), torch.full((16,), 3), 0.2)  # no wants_drafts asked: filed by verify lengths
+    policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100, proposed=False)
+    policy.update(torch.zeros(16, dtype=torch.long), torch.full((16,), 3), 0.2)  # proposed unknown: filed by verify lengths
     assert policy._since[(5, True)] == 0
+
+
+def test_report_round_passes_proposed_only_to_policies_that_take_it():
+    from adaflash_hf.decoding.policy import report_round
+
+    seen = []
+
+    class Old:  # a user policy written against the three-argument update
+        def update(self, accept_lengths, verify_lens, seconds):
+            seen.append("old")
+
+    class New:
+        def update(self, accept_lengths, verify_lens, seconds, proposed=None):
+            seen.append(proposed)
+
+    report_round(Old(), torch.zeros(1), torch.ones(1), 0.1, True)
+    report_round(New(), torch.zeros(1), torch.ones(1), 0.1, True)
+    assert seen == ["old", True]
 
 
 def test_slow_first_speculative_rounds_do_not_hold_plain_steps_for_long():

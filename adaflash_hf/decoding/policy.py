@@ -13,6 +13,8 @@ came from; it is told what each round cost and accepted, so it can adapt to the 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -35,9 +37,12 @@ class VerifyLengthPolicy(Protocol):
         -> verify_len (b,) long in [1, m + 1]. A draft tree's rates are those of its nodes in order
         (:func:`~.tree.chain_rates`), so a verify length keeps its likeliest nodes."""
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
-        """Feedback after a round: accepted drafts (b,), verify lengths (b,), and the seconds the whole
-        round took (proposal, verification and bookkeeping)."""
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
+               proposed: bool | None = None) -> None:
+        """Feedback after a round: accepted drafts (b,), verify lengths (b,), the seconds the whole
+        round took (proposal, verification and bookkeeping), and whether it made proposals (the answer
+        of :func:`wants_drafts`; None where unknown). The parameter is optional: the engine passes it
+        only to policies whose ``update`` takes it (:func:`report_round`)."""
 
 
 def wants_drafts(policy: VerifyLengthPolicy, rows: int) -> bool:
@@ -48,6 +53,21 @@ def wants_drafts(policy: VerifyLengthPolicy, rows: int) -> bool:
     """
     ask = getattr(policy, "wants_drafts", None)
     return True if ask is None else bool(ask(rows))
+
+
+@functools.cache
+def _takes_proposed(update) -> bool:
+    return "proposed" in inspect.signature(update).parameters
+
+
+def report_round(policy: VerifyLengthPolicy, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
+                 proposed: bool) -> None:
+    """``policy.update`` after a round, with ``proposed`` where the policy's ``update`` takes it (policies
+    written against the three-argument form keep working)."""
+    if _takes_proposed(type(policy).update):
+        policy.update(accept_lengths, verify_lens, seconds, proposed=proposed)
+    else:
+        policy.update(accept_lengths, verify_lens, seconds)
 
 
 def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_verify_len: int | None = None) -> int:
@@ -114,7 +134,8 @@ class FixedVerifyLength:
         length = rates.shape[1] + 1 if self.verify_len is None else min(self.verify_len, rates.shape[1] + 1)
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
+               proposed: bool | None = None) -> None:
         pass
 
 
@@ -159,7 +180,6 @@ class GoodputVerifyLength:
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
     _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
-    _asked: tuple[int, bool] | None = field(default=None, repr=False)  # (rows, answer) of the last wants_drafts
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
         """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
@@ -182,16 +202,7 @@ class GoodputVerifyLength:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
         tokens per second than plain steps (an explored speculative round keeps that evidence fresh,
         less often the longer it keeps losing), right after the first speculative round of a batch
-        size, and once every ``refresh_plain_every`` rounds to time a plain step.
-
-        The answer also decides how :meth:`update` files the round: a round that proposed is a
-        speculative attempt even where every row then verified only its anchor, since it paid for the
-        proposals (filing it as a plain step would make plain steps look slower than they are)."""
-        answer = self._wants_drafts(rows)
-        self._asked = (rows, answer)
-        return answer
-
-    def _wants_drafts(self, rows: int) -> bool:
+        size, and once every ``refresh_plain_every`` rounds to time a plain step."""
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
@@ -210,7 +221,8 @@ class GoodputVerifyLength:
         length = goodput_verify_len(rates, cost_model, self.max_verify_len)
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
+               proposed: bool | None = None) -> None:
         """Record what the round realised: tokens per row, and its time in plain steps of that many rows.
 
         Both are decayed sums (``decay`` per round of the bucket, whichever kind it was), so the rate
@@ -221,9 +233,10 @@ class GoodputVerifyLength:
         if seconds <= 0 or not len(verify_lens):
             return
         rows = len(verify_lens)
-        asked, self._asked = self._asked, None
-        proposed = asked[1] if asked is not None and asked[0] == rows else None  # None: update without wants_drafts
-        bucket, speculative = rows.bit_length(), bool((verify_lens > 1).any()) if proposed is None else proposed
+        # A round that proposed is a speculative attempt even where every row then verified only its anchor:
+        # it paid for the proposals (filed as a plain step it would make plain steps look slower than they are).
+        speculative = bool((verify_lens > 1).any()) if proposed is None else proposed
+        bucket = rows.bit_length()
         measured = self.cost_model is not None and (self.cost_model.seconds or self.cost_model.batch_seconds)
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
         for kind in (False, True):  # every round ages both kinds' evidence, so a held kind's old rounds fade

@@ -34,7 +34,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .._compat import CACHE_KWARG, RaggedCache, RaggedLayout, ragged_forward, sdpa_gqa, supports_ragged
 from .cost import timer
 from .outputs import RoundStats
-from .policy import GoodputVerifyLength, VerifyLengthPolicy, wants_drafts
+from .policy import GoodputVerifyLength, VerifyLengthPolicy, report_round, wants_drafts
 from .proposers import (
     NONE,
     DraftHead,
@@ -438,7 +438,8 @@ class SpeculativeBatch:
         budget = torch.tensor([self.specs[r].max_new_tokens - self.num_new[r] for r in self.ids])
         # Trees need one-hot drafts; a sampled drafter block (q known) is verified as a chain with min(1, p/q).
         tree = self.proposer.trees and not (sampled and self.draft_sampling)
-        if wants_drafts(self.policy, len(self.ids)):
+        proposing = wants_drafts(self.policy, len(self.ids))
+        if proposing:
             proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None,
                                              tree=tree, max_depths=(budget - 1).tolist())
         else:  # the policy holds plain steps for this batch size: no look-ups, no drafter
@@ -534,7 +535,7 @@ class SpeculativeBatch:
                 index = slots[i][: len(update.tokens)]
                 self.observer.on_round(update.row_id, None if features is None else features[i, index], target_logits[i, index],
                                        update.tokens, n, update.source)
-        self.policy.update(accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start)  # the whole round's time
+        report_round(self.policy, accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start, proposing)  # the whole round
         self._drop_finished(updates)
         return updates
 

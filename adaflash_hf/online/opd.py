@@ -276,12 +276,10 @@ class AdaFlashOPD:
         torch.set_num_threads(self.config.train_threads)  # this thread's pool only; serving keeps its threads
         try:
             while not self._stop.is_set():
-                if self.buffer.added < self.config.min_trajectories and "kill" not in self._faults:
-                    self.state = "waiting for data"
+                work = self._work_once(wait=0.5)  # waits up to 0.5 s for a trajectory once there is enough data
+                if not work and self.buffer.added < self.config.min_trajectories:
                     self._stop.wait(0.2)
-                    continue
-                work = self._work_once(wait=0.5)
-                if work and self.config.duty_cycle < 1:  # yield the CPU to serving
+                elif work and self.config.duty_cycle < 1:  # yield the CPU to serving
                     self._stop.wait(work * (1 - self.config.duty_cycle) / self.config.duty_cycle)
         except WorkerKilled:
             self.errors.append("worker killed")

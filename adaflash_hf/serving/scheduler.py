@@ -279,9 +279,7 @@ class Scheduler:
             self._running = False
             self._lock.notify_all()
         if was_running and self._thread is not threading.current_thread():
-            self._stopped.wait(timeout)
-        if self._thread is not None and self._thread is not threading.current_thread() and self._thread.daemon:
-            self._thread.join(timeout)
+            self._stopped.wait(timeout)  # run() in another thread or start()'s thread: both set it as the loop ends
 
     def submit(self, prompt_ids: list[int], params: RequestParams) -> RequestStream:
         """Queue a request; call from a running asyncio loop. Raises ValueError or :class:`QueueFull`."""

@@ -109,7 +109,8 @@ class RecordingVerifyLength:
         self._seen = (rates, draft_hidden_states)
         return self.policy.verify_lens(rates, draft_hidden_states, sources)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float) -> None:
+    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
+               proposed: bool | None = None) -> None:
         rates, hidden = self._seen
         if hidden is not None:
             num_drafts = hidden.shape[1] - 1

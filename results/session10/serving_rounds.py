@@ -1,67 +1,12 @@
-"""Session 10 probe: what the adaptive server's rounds do under load (no HTTP): plain against speculative rounds,
-tokens verified and accepted, time per round, realised tokens per second of each kind.
+"""Session 10 probe: what the adaptive server's rounds do under load (no HTTP), with the engine in a background thread
+as session 10 served it. Now results/session11/serving_rounds.py with its "background" option (which also prints the
+propose and prefill times).
 
 python results/session10/serving_rounds.py 16 adaflash [padded]   (concurrency, method, optional: ragged off)
 """
-import asyncio
-import os
-import statistics
+import runpy
 import sys
-import time
+from pathlib import Path
 
-import torch
-
-from adaflash_hf import load_drafter, load_target
-from adaflash_hf.data import load_prompts
-from adaflash_hf.serving.loadtest import make_scheduler
-from adaflash_hf.serving.scheduler import RequestParams
-
-torch.set_num_threads(2)
-target, tok = load_target("smollm2-135m", dtype="bf16")
-drafter = load_drafter("auto", target, target_name="smollm2-135m")
-groups = [[r["prompt"] for r in load_prompts(d, split="eval").to_list()] for d in ("code", "math", "chat", "news")]
-prompts = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)][int(os.environ.get("OFFSET", "40")):]
-ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=True)["input_ids"] for p in prompts]
-c, method = int(sys.argv[1]), sys.argv[2]
-s = make_scheduler(method, target, drafter, tok, 32, "smollm2-135m")
-if "padded" in sys.argv[3:]:
-    s.batch.ragged = s.batch.policy.ragged = False
-rounds = []
-inner = s.batch.on_round
-
-
-def record(stats):
-    inner(stats)
-    if hasattr(stats, "verify_lens"):
-        rounds.append(stats)
-
-
-s.batch.on_round = record
-s.start()
-
-
-async def main():
-    sem = asyncio.Semaphore(c)
-
-    async def one(p):
-        async with sem:
-            return await s.submit(p, RequestParams(max_new_tokens=64)).collect()
-
-    t = time.perf_counter()
-    out = await asyncio.gather(*(one(p) for p in ids[: max(16, 2 * c)]))
-    return out, time.perf_counter() - t
-
-out, sec = asyncio.run(main())
-s.stop()
-print(f"c={c} {method}: {sum(len(o[0]) for o in out) / sec:.1f} tok/s over {sec:.1f} s, {len(rounds)} rounds")
-for kind in ("plain", "spec"):
-    group = [r for r in rounds if (max(r.verify_lens) > 1) == (kind == "spec") and len(r.rows) >= c // 2]
-    if not group:
-        continue
-    rows = statistics.mean(len(r.rows) for r in group)
-    verified = statistics.mean(sum(r.verify_lens) for r in group)
-    accepted = statistics.mean(sum(r.accept_lengths) for r in group)
-    ms = statistics.mean((r.draft_time + r.verify_time) * 1e3 for r in group)
-    tokens = statistics.mean(sum(r.accept_lengths) + len(r.rows) for r in group)
-    print(f"  {kind:5s} rounds {len(group):4d} (>= {c // 2} rows): rows {rows:.1f}, verified {verified:.1f}, accepted drafts {accepted:.2f}, "
-          f"propose+verify {ms:.1f} ms, {tokens / ms * 1e3:.0f} tok/s in those rounds")
+sys.argv.append("background")
+runpy.run_path(str(Path(__file__).parents[1] / "session11" / "serving_rounds.py"), run_name="__main__")

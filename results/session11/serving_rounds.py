@@ -1,7 +1,8 @@
 """Session 11 probe (engine in the main thread, as served now): what the adaptive server's rounds do under load (no HTTP): plain against speculative rounds,
 tokens verified and accepted, time per round, realised tokens per second of each kind.
 
-python results/session11/serving_rounds.py 16 adaflash [padded]   (concurrency, method, optional: ragged off)
+python results/session11/serving_rounds.py 16 adaflash [padded] [background]
+    (concurrency, method; optional: ragged off; the engine in a background thread via start(), as session 10 ran it)
 """
 import asyncio
 import os
@@ -50,7 +51,12 @@ async def main():
     out = await asyncio.gather(*(one(p) for p in ids[: max(16, 2 * c)]))
     return out, time.perf_counter() - t
 
-out, sec = serve_while(s, main)
+if "background" in sys.argv[3:]:
+    s.start()
+    out, sec = asyncio.run(main())
+    s.stop()
+else:
+    out, sec = serve_while(s, main)
 busy = sum(r.draft_time + r.verify_time for r in rounds)
 print(f"c={c} {method}: {sum(len(o[0]) for o in out) / sec:.1f} tok/s over {sec:.1f} s, {len(rounds)} rounds, {busy:.1f} s of them in rounds' propose+verify, {s.batch.prefill_time:.1f} s in prefills")
 for kind in ("plain", "spec"):
