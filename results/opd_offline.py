@@ -32,6 +32,17 @@ VARIANTS = {  # one change at a time against "base" (the OPDConfig defaults)
     "alpha0.5": {"alpha": 0.5},
     "norej": {"rejected_weight": 1.0},
     "anchors16": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3},  # more trajectories per step, same cost
+    # session 12: is it capacity (LoRA on the decoder layer only) or data? (probe-only keys start with "_")
+    "lr1e-3-a16": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1},
+    "fc": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1, "_targets": "fc"},
+    "full": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1, "_full": True},
+    "full3e-4": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-4, "passes": 1, "_full": True},
+    "rank64-3e-3": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0},
+    "rank64-1e-2": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-2, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0},
+    "rank64-fc-3e-3": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0, "_targets": "fc"},
+    "rank16-3e-3": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-3, "passes": 1},
+    "rank64-3e-3-reh2": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0,
+                         "rehearsal_trajectories": 2},
 }
 
 
@@ -78,20 +89,38 @@ def main():
     print(f"{len(train)} train and {len(held_out)} held-out trajectories", file=sys.stderr)
     for name in args.variants.split(","):
         drafter = load_drafter("auto", target, target_name="smollm2-135m")
-        opd = AdaFlashOPD(target, drafter, OPDConfig(**VARIANTS[name]))
+        config = {k: v for k, v in VARIANTS[name].items() if not k.startswith("_")}
+        extra = VARIANTS[name].get("_targets")
+        if extra:  # LoRA also on these drafter linears
+            import functools
+
+            from adaflash_hf.online import adapters, opd as opd_module
+            opd_module.LoraSettings = functools.partial(adapters.LoraSettings, target_modules=adapters.DEFAULT_TARGET_MODULES + (extra,))
+        opd = AdaFlashOPD(target, drafter, OPDConfig(**config))
+        if VARIANTS[name].get("_full"):  # every drafter weight trains (the target's embeddings and head stay frozen)
+            for param in opd.train_model.parameters():
+                param.requires_grad_(True)
+            opd._optimizer = opd._new_optimizer()
+        while opd._retention_text:  # the retention check set (and rehearsal pool) from the drafter's datastore
+            opd._build_retention()
         tau0, pos0 = opd.held_out_tau(trajectories=held_out)
-        curve = [{"step": 0, "tau": tau0, "positions": pos0[:4]}]
-        print(f"{name}: step 0 tau {tau0:.4f} positions {[round(p, 3) for p in pos0[:4]]}", flush=True)
+        curve = [{"step": 0, "tau": tau0, "positions": pos0[:4], "retention_tau": opd.retention_base_tau}]
+        print(f"{name}: step 0 tau {tau0:.4f} positions {[round(p, 3) for p in pos0[:4]]} retention {opd.retention_base_tau:.4f}", flush=True)
         generator = torch.Generator().manual_seed(0)
         start = time.perf_counter()
         for step in range(1, args.steps + 1):
             picks = torch.randperm(len(train), generator=generator)[: opd.config.batch_trajectories].tolist()
-            opd._guarded_step([train[i] for i in picks])
+            batch = [train[i] for i in picks]
+            if opd.rehearsal_set:
+                more = torch.randperm(len(opd.rehearsal_set), generator=generator)[: opd.config.rehearsal_trajectories].tolist()
+                batch += [opd.rehearsal_set[i] for i in more]
+            opd._guarded_step(batch)
             if step % args.eval_every == 0:
                 tau, pos = opd.held_out_tau(trajectories=held_out)
-                curve.append({"step": step, "tau": tau, "positions": pos[:4], "loss": opd.last_loss})
+                retained, _ = opd.held_out_tau(trajectories=opd.retention_set)
+                curve.append({"step": step, "tau": tau, "positions": pos[:4], "loss": opd.last_loss, "retention_tau": retained})
                 print(f"{name}: step {step} tau {tau:.4f} positions {[round(p, 3) for p in pos[:4]]} loss {opd.last_loss:.3f} "
-                      f"({time.perf_counter() - start:.0f}s)", flush=True)
+                      f"retention {retained:.4f} ({time.perf_counter() - start:.0f}s)", flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps({"variant": name, "config": VARIANTS[name], "domain": args.domain, "train": len(train),
                                 "held_out": len(held_out), "steps": args.steps, "curve": curve}) + "\n")

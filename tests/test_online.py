@@ -12,6 +12,7 @@ import torch
 from adaflash_hf import AdaFlashDrafter, enable_adaflash
 from adaflash_hf.decoding.engine import generate
 from adaflash_hf.decoding.policy import FixedVerifyLength
+from adaflash_hf.decoding.proposers import load_datastore, save_datastore
 from adaflash_hf.decoding.state import context_features
 from adaflash_hf.online import (
     AdaFlashOPD,
@@ -23,8 +24,10 @@ from adaflash_hf.online import (
     TrajectoryBuffer,
     TrajectoryRecorder,
     attach_lora,
+    datastore_sequences,
     merge_adapter,
     publish_adapter,
+    teacher_forced_trajectory,
 )
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
 from adaflash_hf.training.length_head import AlwaysDraftState
@@ -166,6 +169,36 @@ def test_recorded_trajectories_match_a_fresh_target_pass(pair):
         torch.testing.assert_close(t.teacher_logprobs, torch.log_softmax(ref.logits[0, t.prompt_len - 1:], -1).topk(5, -1).values,
                                    atol=1e-4, rtol=1e-4)
         assert sum(t.source_tokens.values()) == t.num_generated
+
+
+def test_a_teacher_forced_trajectory_is_what_the_recorder_keeps_for_the_same_tokens(pair):
+    """Retention trajectories are built from text with one target pass: they must equal recorded ones."""
+    target, drafter = pair
+    buffer = TrajectoryBuffer()
+    ids = torch.tensor([random_prompts([6], seed=2)[0]])
+    generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=16, do_sample=False, observer=TrajectoryRecorder(buffer, top_k=5))
+    (recorded,) = buffer.take(1)
+    built = teacher_forced_trajectory(target, drafter.config.target_layer_ids, recorded.tokens.tolist(), recorded.prompt_len, top_k=5)
+    assert torch.equal(built.tokens, recorded.tokens) and built.prompt_len == recorded.prompt_len
+    torch.testing.assert_close(built.features.float(), recorded.features.float(), atol=3e-2, rtol=3e-2)
+    assert torch.equal(built.teacher_ids, recorded.teacher_ids)
+    torch.testing.assert_close(built.teacher_logprobs, recorded.teacher_logprobs, atol=1e-4, rtol=1e-4)
+    assert not built.rejected.any()
+    with pytest.raises(ValueError, match="prompt_len"):
+        teacher_forced_trajectory(target, drafter.config.target_layer_ids, [1, 2], prompt_len=2)
+
+
+def test_datastore_sequences_spread_over_the_datastore_and_skip_short_responses(pair, tmp_path):
+    _, drafter = pair
+    assert datastore_sequences(drafter, 4) == []  # no datastore attached
+    streams = [list(range(i, i + 20 + i)) for i in range(8)] + [[1, 2, 3]]
+    save_datastore(streams, tmp_path / "datastore.safetensors")
+    drafter.adaflash_datastore = load_datastore(tmp_path / "datastore.safetensors")
+    try:
+        picked = datastore_sequences(drafter, 4, max_tokens=24, min_tokens=16)
+    finally:
+        del drafter.adaflash_datastore
+    assert picked == [s[:24] for s in streams[0:8:2]]
 
 
 def test_the_generate_path_records_too(pair):
@@ -399,6 +432,43 @@ def test_an_idle_trainer_revisits_recent_trajectories_only_when_replay_is_on(pai
             assert status["replayed_batches"] == 0 and status["steps"] == 2 and not opd.replay
 
 
+def test_a_version_that_costs_the_trained_domains_is_not_published(pair):
+    """The retention check: a candidate must keep the base drafter's τ on text of its training domains."""
+    target, drafter = pair
+    text = [p + p for p in random_prompts([12, 10, 14], seed=5)]
+    opd = AdaFlashOPD(target, drafter, OPDConfig(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1000,
+                                                 check_every=2, retention_trajectories=3, worker="inline"), retention=text)
+    _serve(target, drafter, opd, 1)  # 4 trajectories: 2 trained on, 2 held out
+    while opd.retention_base_tau is None:
+        assert opd._work_once(wait=0.0) > 0
+    assert len(opd.retention_set) == 3 and not opd.rehearsal_set and opd.status()["retention"]["base_tau"] >= 1.0
+    opd._work_once(wait=0.0)  # a first batch, so that the check set is filled
+    assert opd.check_set
+    opd.retention_base_tau = 1e9  # as if the candidate had lost τ on the trained domains
+    opd._check_and_publish()
+    assert opd.version == 0 and opd.counters["retention_rejections"] == 1 and opd.last_check["passed"] is False
+    assert opd.last_check["retention_tau"] < 1e9
+    opd.retention_base_tau = 1.0  # no loss: published
+    opd._check_and_publish()
+    assert opd.version == 1 and opd.last_check["passed"] is True
+
+
+def test_rehearsal_mixes_trained_domain_trajectories_into_every_batch(pair):
+    target, drafter = pair
+    text = [p + p for p in random_prompts([12, 10, 14, 11], seed=6)]
+    opd = AdaFlashOPD(target, drafter, OPDConfig(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1000,
+                                                 check_every=2, retention_trajectories=1, rehearsal_trajectories=2,
+                                                 worker="inline"), retention=text)
+    batches = []
+    opd._guarded_step = lambda batch: batches.append([t.tag for t in batch])
+    _serve(target, drafter, opd, 1)
+    while opd.retention_base_tau is None:
+        opd._work_once(wait=0.0)
+    assert len(opd.retention_set) == 1 and len(opd.rehearsal_set) == 3
+    opd._work_once(wait=0.0)
+    assert batches == [["", "retention", "retention"]]  # one live (one of the two was held out) + two rehearsed
+
+
 def test_opd_config_rejects_bad_values():
     with pytest.raises(ValueError, match="duty_cycle"):
         OPDConfig(duty_cycle=0)
@@ -518,6 +588,7 @@ def test_an_inline_fault_stops_training_not_serving_and_is_restarted(pair):
     opd = _opd(target, drafter, worker="inline", max_restarts=1).start()
     _serve(target, drafter, opd, 1, reference)  # data for the trainer
     opd.inject_fault("kill")
+    opd._credit = 1.0
     _serve(target, drafter, opd, 1, reference)  # the next round's training dies; the round itself is served
     assert opd.status()["state"] == "dead" and not opd.status()["worker_alive"] and "worker killed" in opd.status()["errors"]
     assert opd.check_health() and opd.status()["restarts"] == 1 and opd.status()["worker_alive"]
@@ -525,6 +596,7 @@ def test_an_inline_fault_stops_training_not_serving_and_is_restarted(pair):
     _serve(target, drafter, opd, 2, reference)
     assert opd.status()["nan_steps"] == 1 and opd.status()["worker_alive"]  # rolled back, training goes on
     opd.inject_fault("kill")
+    opd._credit = 1.0  # the duty cycle lets the next round train even on a loaded machine (slow steps spend credit)
     _serve(target, drafter, opd, 1, reference)
     assert not opd.check_health() and opd.status()["state"] == "failed"  # out of restarts: reported
     _serve(target, drafter, opd, 1, reference)

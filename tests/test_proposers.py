@@ -399,6 +399,42 @@ def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(chea
         assert not calls and not any(isinstance(f[-1], str) for f in suffix_features)
 
 
+@pytest.mark.parametrize("every_round", [False, True])
+def test_a_drafter_that_does_not_pay_is_skipped_unless_it_must_draft_every_round(every_round):
+    state = DraftingState()
+    state.cost_model.update(1, 0.040)
+    state.drafter_seconds, state.drafter_value = 0.020, 0.0  # half a step for nothing accepted
+    proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
+                                                    drafter_every_round=every_round), block_size=4)
+    proposer.add_row(0, [1, 2, 3])
+    calls = []
+
+    def run_drafter():
+        calls.append(1)
+        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), None
+
+    proposal = proposer.propose([0], run_drafter)
+    assert len(calls) == int(every_round)
+    assert proposal.sources == (["drafter"] if every_round else ["none"])
+
+
+def test_drafting_every_round_runs_the_drafter_once_per_round_and_stays_lossless(target, drafter):
+    prompts = random_prompts((6, 9), seed=4)
+    ids, mask = left_pad(prompts)
+    calls = []
+    original = drafter.forward
+    drafter.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        out = generate(target, drafter, ids, mask, max_new_tokens=16, eos_token_id=None, verify_policy=FixedVerifyLength(None),
+                       drafting=DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_every_round=True),
+                       drafting_state=DraftingState())
+    finally:
+        del drafter.forward
+    assert len(calls) == len(out.stats.rounds)
+    want = [greedy_reference(target, p, 16, eos=False)[len(p):] for p in prompts]
+    assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+
+
 def test_scored_hybrid_rounds_stay_lossless_in_fp32_greedy(target, drafter, monkeypatch):
     monkeypatch.setattr(DraftingState, "SCORE_COST", 1e9)  # the drafter always counts as cheap: every round is scored
     prompts = random_prompts((3, 9, 5, 12), seed=11)

@@ -58,6 +58,7 @@ class DraftingConfig:
     tree_nodes: int = field(default=16, metadata={"help": "Most draft tokens a row verifies per round as a tree that merges its candidates (the batched engine); 0 verifies the single best candidate."})
     branches: int = field(default=3, metadata={"help": "Continuations each suffix index offers to the tree: the most frequent, then the runner-up next tokens."})
     drafter_scores: bool = field(default=True, metadata={"help": "Where a drafter pass is cheap (at most a tenth of a plain step, measured), run it every round and add its probability of each look-up token to that token's acceptance feature, so the tree spends its nodes on candidates the drafter also finds likely."})
+    drafter_every_round: bool = field(default=False, metadata={"help": "Run the drafter every round, also where its recent acceptance says it would not pay (the engine otherwise skips it then, trying it every few rounds): how a drafter's own tau is measured."})
 
     def __post_init__(self) -> None:
         if self.max_ngram < 1 or self.max_suffix_tokens < 1 or self.global_max_tokens < 1:
@@ -114,6 +115,7 @@ class NGramIndex:
         self._next: dict[tuple[int, ...], dict[int, int]] = {}  # n-gram -> {next token: count}
         self._streams: deque[list[int]] = deque()
         self._tail: list[int] = []  # the newest stream's last max_n tokens: context of the next extend()
+        self.source_path: str | None = None  # the datastore file it was loaded from, if any
 
     def start_stream(self, tokens: Sequence[int] = ()) -> None:
         """Begin a new token stream (n-grams never span two streams)."""
@@ -486,6 +488,7 @@ def load_datastore(path: str | Path, max_n: int = 4) -> NGramIndex:
     index = NGramIndex(max_n)
     for stream in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()):
         index.start_stream(stream.tolist())
+    index.source_path = str(path)  # where its streams can be read again (OPD's retention check)
     return index
 
 
@@ -562,7 +565,7 @@ class HybridProposer:
             options_per_row.append(options)
         if run_drafter is not None:
             best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
-            pays = self.state.drafter_pays(best_other, self.max_len + 1)
+            pays = self.config.drafter_every_round or self.state.drafter_pays(best_other, self.max_len + 1)
             scores = self.config.drafter_scores and self.state.drafter_is_cheap(len(row_ids))
             if pays or scores:
                 block_tokens, block_probs, score = run_drafter()

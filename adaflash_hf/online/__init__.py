@@ -17,9 +17,11 @@ _EXPORTS = {
     "TrajectoryBuffer": ".trajectories",
     "TrajectoryRecorder": ".trajectories",
     "attach_lora": ".adapters",
+    "datastore_sequences": ".trajectories",
     "merge_adapter": ".adapters",
     "publish_adapter": ".adapters",
     "push_adapter_to_hub": ".adapters",
+    "teacher_forced_trajectory": ".trajectories",
 }
 __all__ = sorted(_EXPORTS)
 

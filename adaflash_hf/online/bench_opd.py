@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..cli_args import dtype_field
@@ -123,8 +123,9 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     pad = tokenizer.pad_token_id
 
     def measure_tau() -> dict[str, float]:
-        """τ of the drafter alone (full block, no suffix sources) per domain, pooled over its prompts."""
-        state = DraftingState(DraftingConfig.only("drafter"))
+        """τ of the drafter alone per domain, pooled over its prompts: it drafts a full block every round (no
+        suffix sources, never skipped for not paying, which would count plain steps as τ 1)."""
+        state = DraftingState(replace(DraftingConfig.only("drafter"), drafter_every_round=True))
         lengths: dict[str, list[int]] = {}
         for domain, ids in eval_ids:
             out = generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False,

@@ -24,6 +24,9 @@ class OPDConfig:
     steps_per_version: int = field(default=8, metadata={"help": "Training steps between acceptance checks / publications."})
     check_every: int = field(default=4, metadata={"help": "Every n-th trajectory is held out for the acceptance check, not trained on."})
     check_size: int = field(default=16, metadata={"help": "Held-out trajectories kept for the check (the newest)."})
+    retention_trajectories: int = field(default=16, metadata={"help": "Trajectories of the drafter's own training domains (its datastore: the target's responses to its training prompts, teacher-forced through the target once) on which a candidate may lose at most max_retention_drop of the base drafter's τ, or it is not published; 0: no such check."})
+    max_retention_drop: float = field(default=0.01, metadata={"help": "Largest relative τ loss on the retention trajectories a published version may have against the base drafter."})
+    rehearsal_trajectories: int = field(default=0, metadata={"help": "Trajectories of the drafter's training domains (other datastore responses than the retention check's) mixed into every training batch, against forgetting them; 0: none."})
     min_improvement: float = field(default=0.0, metadata={"help": "Publish only when held-out tau beats the serving version by at least this."})
     duty_cycle: float = field(default=0.25, metadata={"help": "Share of wall time the trainer may compute (it sleeps the rest); 1 = no limit."})
     worker: str = field(default="auto", metadata={"help": "Where training runs: 'inline' (in the engine's thread between rounds, under the duty cycle, and whenever the engine is idle), 'thread' (a background thread with train_threads threads), 'auto' (inline on a CPU, thread on an accelerator)."})
@@ -42,6 +45,11 @@ class OPDConfig:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}.")
         if not 0.0 < self.duty_cycle <= 1.0:
             raise ValueError(f"duty_cycle must be in (0, 1], got {self.duty_cycle}.")
+        if self.retention_trajectories < 0 or self.rehearsal_trajectories < 0:
+            raise ValueError(f"retention_trajectories and rehearsal_trajectories must be >= 0, got {self.retention_trajectories} "
+                             f"and {self.rehearsal_trajectories}.")
+        if not 0.0 <= self.max_retention_drop < 1.0:
+            raise ValueError(f"max_retention_drop must be in [0, 1), got {self.max_retention_drop}.")
         for name in ("min_trajectories", "batch_trajectories", "passes", "num_anchors", "steps_per_version", "check_every",
                      "check_size", "train_threads", "top_k", "buffer_trajectories", "buffer_mb"):
             if getattr(self, name) < 1:

@@ -47,7 +47,13 @@ from ..training.losses import default_gamma, opd_topk_loss, position_weights
 from ..training.step import acceptance_counts, block_hidden_states, draft_logits, to_draft_ids, to_target_ids
 from .adapters import AdapterSlot, LoraSettings, adapter_state, attach_lora, publish_adapter
 from .configs import OPDConfig
-from .trajectories import Trajectory, TrajectoryBuffer, TrajectoryRecorder
+from .trajectories import (
+    Trajectory,
+    TrajectoryBuffer,
+    TrajectoryRecorder,
+    datastore_sequences,
+    teacher_forced_trajectory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +94,15 @@ class AdaFlashOPD:
     uses it. Then :meth:`start`; :meth:`status` reports; :meth:`stop` joins the worker.
     """
 
+    RETENTION_TOKENS = 128  # tokens of each retention / rehearsal sequence
+    REHEARSAL_POOL = 32  # rehearsal sequences kept (at least), drawn from for every batch
+
     def __init__(self, target: PreTrainedModel, drafter: AdaFlashDrafter, config: OPDConfig | None = None,
-                 base_drafter_name: str = "adaflash-drafter"):
+                 base_drafter_name: str = "adaflash-drafter", retention: list[list[int]] | None = None):
+        """``retention``: token sequences of the domains the drafter was trained on, for the retention
+        check and rehearsal (default: responses of the drafter's datastore, ``retention_trajectories``
+        for the check and a pool for rehearsal; a drafter without a datastore gets neither unless these
+        are given)."""
         if not isinstance(drafter, AdaFlashDrafter):
             raise TypeError(f"AdaFlashOPD trains an AdaFlashDrafter, got {type(drafter).__name__}.")
         self.config = config or OPDConfig()
@@ -108,6 +121,16 @@ class AdaFlashOPD:
         self.good_state = adapter_state(self.train_model)  # the published (serving) adapter
         self.check_set: deque[Trajectory] = deque(maxlen=self.config.check_size)
         self.replay: deque[Trajectory] = deque(maxlen=self.config.replay_trajectories)
+        # Retention: trajectories of the drafter's own training domains, built from text on the first
+        # training calls (a few target forwards per call); the check set guards publication, the
+        # rest is rehearsed in every batch.
+        rehearsal_pool = max(self.REHEARSAL_POOL, 4 * self.config.rehearsal_trajectories) if self.config.rehearsal_trajectories else 0
+        wanted = self.config.retention_trajectories + rehearsal_pool
+        self._retention_text = (list(retention) if retention is not None else datastore_sequences(
+            drafter, wanted, self.RETENTION_TOKENS))[:wanted]
+        self.retention_set: list[Trajectory] = []
+        self.rehearsal_set: list[Trajectory] = []
+        self.retention_base_tau: float | None = None
         self.version = 0
         device = next(target.parameters()).device
         self.inline = self.config.worker == "inline" or (self.config.worker == "auto" and device.type == "cpu")
@@ -126,7 +149,8 @@ class AdaFlashOPD:
         self._taken = 0
         self._steps_since_check = 0
         self.counters = {"steps": 0, "nan_steps": 0, "step_errors": 0, "published": 0, "rejected_versions": 0,
-                         "restarts": 0, "swaps": 0, "trained_trajectories": 0, "replayed_batches": 0}
+                         "restarts": 0, "swaps": 0, "trained_trajectories": 0, "replayed_batches": 0,
+                         "retention_rejections": 0}
         self.train_seconds = 0.0
         self.started_at: float | None = None
         self.state = "idle"
@@ -260,6 +284,8 @@ class AdaFlashOPD:
             "idle_train_seconds": round(self.idle_train_seconds, 2),
             "buffer": self.buffer.counters(),
             "check_set": len(self.check_set),
+            "retention": {"check": len(self.retention_set), "rehearsal": len(self.rehearsal_set), "pending": len(self._retention_text),
+                          "base_tau": None if self.retention_base_tau is None else round(self.retention_base_tau, 4)},
             "errors": list(self.errors),
             "tau_history": list(self.tau_history),
             **self.counters,
@@ -298,6 +324,8 @@ class AdaFlashOPD:
         if self.buffer.added < self.config.min_trajectories:
             self.state = "waiting for data"
             return 0.0
+        if self._retention_text:
+            return self._build_retention()
         replay_ready = len(self.replay) >= self.config.batch_trajectories
         batch = self._take_batch(timeout=0.0 if replay_ready else wait)
         if not batch and replay_ready:  # nothing new: revisit recent ones
@@ -309,12 +337,36 @@ class AdaFlashOPD:
             return 0.0
         self.state = "training"
         tick = time.perf_counter()
+        if self.rehearsal_set:
+            picks = torch.randperm(len(self.rehearsal_set), generator=self._generator)[: self.config.rehearsal_trajectories]
+            batch = batch + [self.rehearsal_set[i] for i in picks.tolist()]
         for _ in range(self.config.passes):
             self._guarded_step(batch)
         self._steps_since_check += self.config.passes
         if self._steps_since_check >= self.config.steps_per_version:
             self._steps_since_check = 0
             self._check_and_publish()
+        work = time.perf_counter() - tick
+        self.train_seconds += work
+        return work
+
+    def _build_retention(self) -> float:
+        """Turn up to ``batch_trajectories`` retention sequences into trajectories (one target forward
+        each); once all are built, measure the base drafter's retention τ. Returns the seconds taken."""
+        self.state = "preparing retention check"
+        tick = time.perf_counter()
+        layer_ids = self.drafter.config.target_layer_ids
+        for _ in range(min(self.config.batch_trajectories, len(self._retention_text))):
+            tokens = self._retention_text.pop(0)
+            if len(tokens) < 2:
+                continue
+            trajectory = teacher_forced_trajectory(self.target, layer_ids, tokens, 1, self.config.top_k, tag="retention")
+            if len(self.retention_set) < self.config.retention_trajectories:
+                self.retention_set.append(trajectory)
+            else:
+                self.rehearsal_set.append(trajectory)
+        if not self._retention_text and self.retention_set:
+            self.retention_base_tau, _ = self.held_out_tau(self.good_state, self.retention_set)
         work = time.perf_counter() - tick
         self.train_seconds += work
         return work
@@ -445,6 +497,13 @@ class AdaFlashOPD:
         passed = math.isfinite(cand_tau) and cand_tau >= serving_tau + self.config.min_improvement
         self.last_check = {"candidate_tau": round(cand_tau, 4), "serving_tau": round(serving_tau, 4), "passed": passed,
                            "position_acceptance": [round(p, 3) for p in positions], "check_trajectories": len(self.check_set)}
+        if passed and self.retention_base_tau is not None:  # the domains the drafter was trained on must not suffer
+            retained, _ = self.held_out_tau(trajectories=self.retention_set)
+            floor = self.retention_base_tau * (1 - self.config.max_retention_drop)
+            passed = math.isfinite(retained) and retained >= floor
+            self.last_check.update(passed=passed, retention_tau=round(retained, 4), retention_base_tau=round(self.retention_base_tau, 4))
+            if not passed:
+                self.counters["retention_rejections"] += 1
         if not passed:
             self.counters["rejected_versions"] += 1
             return

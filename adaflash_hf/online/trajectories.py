@@ -178,3 +178,41 @@ class TrajectoryRecorder:
     def open_rows(self) -> int:
         with self._lock:
             return len(self._open)
+
+
+@torch.no_grad()
+def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence[int], prompt_len: int = 1, top_k: int = 32,
+                              tag: str = "") -> Trajectory:
+    """The trajectory the recorder would keep had the engine decoded ``tokens[prompt_len:]`` after
+    ``tokens[:prompt_len]``, from one target forward over the whole sequence: for text the target
+    produced before (a drafter's datastore of its greedy responses), no generation is needed.
+
+    The teacher is the target's distribution at each position, so where the text departs from the
+    target's greedy choice, training and the acceptance check follow the target, not the text.
+    """
+    from ..decoding.state import context_features
+
+    if not 1 <= prompt_len < len(tokens):
+        raise ValueError(f"prompt_len must be in [1, {len(tokens) - 1}] for {len(tokens)} tokens, got {prompt_len}.")
+    device = next(target.parameters()).device
+    ids = torch.as_tensor(list(tokens), dtype=torch.long, device=device)[None]
+    out = target(input_ids=ids, output_hidden_states=True, use_cache=False)
+    features = context_features(out.hidden_states, list(layer_ids))[0, :-1]  # after tokens 0..T-2
+    logprobs = torch.log_softmax(out.logits[0, prompt_len - 1 : -1].float(), dim=-1)
+    values, top = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
+    return Trajectory(ids[0].int().cpu(), prompt_len, features.to(torch.bfloat16).cpu(), top.int().cpu(), values.cpu(),
+                      torch.zeros(ids.shape[1], dtype=torch.bool), tag)
+
+
+def datastore_sequences(drafter, count: int, max_tokens: int = 128, min_tokens: int = 16) -> list[list[int]]:
+    """Up to ``count`` token sequences of the drafter's datastore (the target's own responses to the
+    drafter's training prompts), spread evenly over it and cut to ``max_tokens``; [] without one."""
+    from safetensors.torch import load_file
+
+    path = getattr(getattr(drafter, "adaflash_datastore", None), "source_path", None)
+    if path is None or count < 1:
+        return []
+    tensors = load_file(str(path))
+    streams = [s for s in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()) if len(s) >= min_tokens]
+    step = max(1, len(streams) // count)
+    return [s[:max_tokens].tolist() for s in streams[::step][:count]]
