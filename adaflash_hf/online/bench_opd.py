@@ -49,6 +49,7 @@ class BenchOPDArgs:
     lora_rank: int = field(default=OPDConfig.lora_rank, metadata={"help": "LoRA rank."})
     worker: str = field(default=OPDConfig.worker, metadata={"help": "Where OPD trains: auto, inline (the engine's thread, between rounds) or thread."})
     replay: int = field(default=OPDConfig.replay_trajectories, metadata={"help": "Trained trajectories the idle trainer revisits (0: each is trained on once)."})
+    rehearsal: int = field(default=OPDConfig.rehearsal_trajectories, metadata={"help": "Trajectories of the drafter's training domains (its datastore) mixed into every OPD batch, against forgetting them."})
     num_threads: int | None = field(default=None, metadata={"help": "torch threads for serving (default: torch's)."})
     output: str = field(default="results/bench_opd.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."})
     seed: int = field(default=0, metadata={"help": "Seed of the live stream order and of OPD."})
@@ -56,6 +57,8 @@ class BenchOPDArgs:
     def __post_init__(self) -> None:
         from ..data.prompts import DOMAINS
 
+        if self.rehearsal < 0:
+            raise ValueError(f"--rehearsal must be >= 0, got {self.rehearsal}.")
         for name in ("requests", "eval_per_domain", "eval_every", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
@@ -154,7 +157,7 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     off_tokens, off_seconds = 0, 0.0
 
     opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.duty_cycle, lr=args.lr, lora_rank=args.lora_rank, seed=args.seed,
-                                                replay_trajectories=args.replay, worker=args.worker),
+                                                replay_trajectories=args.replay, rehearsal_trajectories=args.rehearsal, worker=args.worker),
                       base_drafter_name=args.drafter)
     opd.start()
     curve = [{"requests": 0, "tau_shift": before["shift"], "tau_trained": before["trained"], "adapter_version": 0}]
@@ -225,6 +228,11 @@ def _table(result: dict) -> str:
         f"{'τ trained domains':24s}{result['tau_trained_before']:10.3f}{result['tau_trained_after']:10.3f}{result['tau_trained_change']:+10.1%}",
         f"tokens/s OPD on {on:.1f}" + (f", OPD off {off:.1f} (on/off {on / off:.2f})" if off else ""),
     ]
+    status = result.get("opd_status") or {}
+    if status:
+        lines.append(f"training: {status.get('steps', 0)} steps in {status.get('train_seconds', 0.0):.1f} s, "
+                     f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected by the live check, "
+                     f"{status.get('retention_rejections', 0)} by the retention check")
     return "\n".join(lines)
 
 

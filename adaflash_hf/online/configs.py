@@ -11,13 +11,13 @@ class OPDConfig:
 
     alpha: float = field(default=0.8, metadata={"help": "Weight of CE on the target's argmax; 1 - alpha goes to the clipped reverse KL."})
     clip: float = field(default=0.01, metadata={"help": "Entry-wise clip of the reverse KL (a clipped entry has no gradient)."})
-    lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of the LoRA weights."})
-    lora_rank: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA alpha."})
+    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the LoRA weights."})
+    lora_rank: int = field(default=64, metadata={"help": "LoRA rank."})
+    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA alpha (default: twice the rank)."})
     min_trajectories: int = field(default=8, metadata={"help": "Trajectories to collect before training starts."})
-    batch_trajectories: int = field(default=4, metadata={"help": "Trajectories per training batch."})
-    passes: int = field(default=2, metadata={"help": "Optimizer steps per batch (AdaFlash: 2 passes per buffer batch)."})
-    num_anchors: int = field(default=64, metadata={"help": "Blocks sampled per trajectory per step."})
+    batch_trajectories: int = field(default=8, metadata={"help": "Live trajectories per training batch."})
+    passes: int = field(default=1, metadata={"help": "Optimizer steps per batch (AdaFlash: 2 passes per buffer batch; with replay, one)."})
+    num_anchors: int = field(default=16, metadata={"help": "Blocks sampled per trajectory per step (few per trajectory, more trajectories per step)."})
     loss_positions: int | None = field(default=None, metadata={"help": "Block positions with a loss (default: the whole block)."})
     gamma: float | None = field(default=None, metadata={"help": "Position decay constant (default: 7 for blocks of 16, 4 for 8)."})
     rejected_weight: float = field(default=2.0, metadata={"help": "Loss weight of positions where verification rejected a drafter draft."})
@@ -25,8 +25,8 @@ class OPDConfig:
     check_every: int = field(default=4, metadata={"help": "Every n-th trajectory is held out for the acceptance check, not trained on."})
     check_size: int = field(default=16, metadata={"help": "Held-out trajectories kept for the check (the newest)."})
     retention_trajectories: int = field(default=16, metadata={"help": "Trajectories of the drafter's own training domains (its datastore: the target's responses to its training prompts, teacher-forced through the target once) on which a candidate may lose at most max_retention_drop of the base drafter's τ, or it is not published; 0: no such check."})
-    max_retention_drop: float = field(default=0.01, metadata={"help": "Largest relative τ loss on the retention trajectories a published version may have against the base drafter."})
-    rehearsal_trajectories: int = field(default=0, metadata={"help": "Trajectories of the drafter's training domains (other datastore responses than the retention check's) mixed into every training batch, against forgetting them; 0: none."})
+    max_retention_drop: float = field(default=0.02, metadata={"help": "Largest relative τ loss on the retention trajectories a published version may have against the base drafter."})
+    rehearsal_trajectories: int = field(default=4, metadata={"help": "Trajectories of the drafter's training domains (other datastore responses than the retention check's) mixed into every training batch, against forgetting them; 0: none."})
     min_improvement: float = field(default=0.0, metadata={"help": "Publish only when held-out tau beats the serving version by at least this."})
     duty_cycle: float = field(default=0.25, metadata={"help": "Share of wall time the trainer may compute (it sleeps the rest); 1 = no limit."})
     worker: str = field(default="auto", metadata={"help": "Where training runs: 'inline' (in the engine's thread between rounds, under the duty cycle, and whenever the engine is idle), 'thread' (a background thread with train_threads threads), 'auto' (inline on a CPU, thread on an accelerator)."})
@@ -48,6 +48,8 @@ class OPDConfig:
         if self.retention_trajectories < 0 or self.rehearsal_trajectories < 0:
             raise ValueError(f"retention_trajectories and rehearsal_trajectories must be >= 0, got {self.retention_trajectories} "
                              f"and {self.rehearsal_trajectories}.")
+        if self.lora_alpha is None:
+            self.lora_alpha = 2.0 * self.lora_rank
         if not 0.0 <= self.max_retention_drop < 1.0:
             raise ValueError(f"max_retention_drop must be in [0, 1), got {self.max_retention_drop}.")
         for name in ("min_trajectories", "batch_trajectories", "passes", "num_anchors", "steps_per_version", "check_every",

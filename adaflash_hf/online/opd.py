@@ -95,7 +95,7 @@ class AdaFlashOPD:
     """
 
     RETENTION_TOKENS = 128  # tokens of each retention / rehearsal sequence
-    REHEARSAL_POOL = 32  # rehearsal sequences kept (at least), drawn from for every batch
+    REHEARSAL_POOL = 16  # rehearsal sequences kept (at least), drawn from for every batch
 
     def __init__(self, target: PreTrainedModel, drafter: AdaFlashDrafter, config: OPDConfig | None = None,
                  base_drafter_name: str = "adaflash-drafter", retention: list[list[int]] | None = None):
