@@ -17,6 +17,7 @@ from .modeling_adaflash import AdaFlashDrafter
 from .targets import HUB_ID
 
 logger = logging.getLogger(__name__)
+RETENTION_FILE = "retention.safetensors"  # prompts + the target's responses of the drafter's training domains (OPD)
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 LENGTH_HEAD_SUFFIX = "-length-head"  # bundled/<preset>-length-head holds the preset's length head, not a drafter
@@ -60,6 +61,9 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
         if path is not None:
             drafter.adaflash_datastore = load_datastore(path)
             logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path)
+        path = _drafter_file(name_or_path, RETENTION_FILE)
+        if path is not None:  # read by OPD only (its retention check), so it is not opened here
+            drafter.adaflash_retention_file = str(path)
         path = _drafter_file(name_or_path, PRIOR_FILE)
         if path is not None:
             drafter.adaflash_acceptance_prior = load_acceptance_prior(path)

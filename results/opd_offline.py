@@ -45,6 +45,7 @@ VARIANTS = {  # one change at a time against "base" (the OPDConfig defaults)
                          "rehearsal_trajectories": 2},
     "rank64-3e-3-reh8": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0,
                          "rehearsal_trajectories": 8},
+    "default": {},  # OPDConfig's defaults (session 12: r64, lr 1e-3, 8 x 16 anchors, rehearsal 4)
     "rank64-1e-3-reh4": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0,
                          "rehearsal_trajectories": 4},
 }

@@ -145,6 +145,10 @@ class FakeScheduler:
         self.reject: str | None = None
         self.fail_after: int | None = None
 
+    @property
+    def ready(self) -> bool:
+        return self.running
+
     def start(self) -> None:
         self.running = True
 

@@ -25,8 +25,11 @@ from adaflash_hf.online import (
     TrajectoryRecorder,
     attach_lora,
     datastore_sequences,
+    load_retention_samples,
     merge_adapter,
     publish_adapter,
+    retention_samples,
+    save_retention_samples,
     teacher_forced_trajectory,
 )
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
@@ -432,6 +435,33 @@ def test_an_idle_trainer_revisits_recent_trajectories_only_when_replay_is_on(pai
             assert status["replayed_batches"] == 0 and status["steps"] == 2 and not opd.replay
 
 
+def test_retention_samples_round_trip_and_opd_checks_on_their_prompts(pair, tmp_path):
+    target, drafter = pair
+    samples = [(list(range(1, 1 + n)), p) for n, p in [(30, 5), (40, 9), (25, 3), (50, 12)]]
+    path = tmp_path / "retention.safetensors"
+    save_retention_samples(samples, path)
+    assert load_retention_samples(path) == samples
+    drafter.adaflash_retention_file = str(path)
+    try:
+        assert retention_samples(drafter, 2, max_response_tokens=10) == [(samples[0][0][:15], 5), (samples[2][0][:13], 3)]
+        opd = AdaFlashOPD(target, drafter, OPDConfig(retention_trajectories=2, rehearsal_trajectories=0, worker="inline"))
+        assert [p for _, p in opd._retention_text] == [5, 3]  # prompts kept: the check reads responses after their questions
+        path.write_bytes(b"not a safetensors file")
+        with pytest.raises(OSError, match="retention samples .* cannot be read"):
+            retention_samples(drafter, 2)
+    finally:
+        del drafter.adaflash_retention_file
+
+
+def test_prepare_drafter_picks_retention_samples_with_short_prompts_and_enough_response():
+    from adaflash_hf.training.data import TrainingSequence
+    from adaflash_hf.training.vocab import pick_retention_samples
+
+    sequences = [TrainingSequence(torch.arange(100), start) for start in (10, 500, 95, 20, 30, 40)]
+    picked = pick_retention_samples(sequences, count=2, max_prompt_tokens=384, max_response_tokens=50, min_response_tokens=16)
+    assert picked == [(list(range(60)), 10), (list(range(80)), 30)]  # 500 (prompt too long) and 95 (5-token response) left out
+
+
 def test_a_version_that_costs_the_trained_domains_is_not_published(pair):
     """The retention check: a candidate must keep the base drafter's τ on text of its training domains."""
     target, drafter = pair
@@ -478,6 +508,10 @@ def test_opd_config_rejects_bad_values():
         OPDConfig(batch_trajectories=0)
     with pytest.raises(ValueError, match="replay_trajectories must be >= 0"):
         OPDConfig(replay_trajectories=-1)
+    with pytest.raises(ValueError, match=r"max_retention_drop must be in \[0, 1\), got 1.5"):
+        OPDConfig(max_retention_drop=1.5)
+    with pytest.raises(ValueError, match="retention_trajectories and rehearsal_trajectories must be >= 0"):
+        OPDConfig(rehearsal_trajectories=-2)
     with pytest.raises(ValueError, match="fault"):
         AdaFlashOPD.inject_fault(None, "meteor")
 

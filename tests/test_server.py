@@ -141,6 +141,17 @@ def test_models_health_status(served):
     assert status["running"] is True and "counters" in status
 
 
+def test_health_is_503_until_the_engine_takes_requests():
+    scheduler = FakeScheduler(tiny_chat_tokenizer(), model_name=MODEL, max_context=128)
+    with ServerThread(create_app(scheduler, manage_scheduler=False)) as url:  # as `adaflash serve`: the engine starts later
+        response = httpx.get(f"{url}/health")
+        assert response.status_code == 503 and response.json()["status"] == "unavailable" and response.headers["retry-after"] == "1"
+        scheduler.start()
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+        scheduler.stop()
+        assert httpx.get(f"{url}/health").status_code == 503
+
+
 def test_completion(served):
     tokenizer = served.scheduler.tokenizer
     out = served.client().completions.create(model=MODEL, prompt="Hi there", max_tokens=100, temperature=0, seed=3,

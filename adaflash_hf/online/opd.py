@@ -51,7 +51,7 @@ from .trajectories import (
     Trajectory,
     TrajectoryBuffer,
     TrajectoryRecorder,
-    datastore_sequences,
+    retention_samples,
     teacher_forced_trajectory,
 )
 
@@ -95,14 +95,16 @@ class AdaFlashOPD:
     """
 
     RETENTION_TOKENS = 128  # tokens of each retention / rehearsal sequence
+    RETENTION_ANCHORS = 64  # blocks per retention trajectory in its check (4x the training step's: a 2 % loss is small)
     REHEARSAL_POOL = 16  # rehearsal sequences kept (at least), drawn from for every batch
 
     def __init__(self, target: PreTrainedModel, drafter: AdaFlashDrafter, config: OPDConfig | None = None,
-                 base_drafter_name: str = "adaflash-drafter", retention: list[list[int]] | None = None):
-        """``retention``: token sequences of the domains the drafter was trained on, for the retention
-        check and rehearsal (default: responses of the drafter's datastore, ``retention_trajectories``
-        for the check and a pool for rehearsal; a drafter without a datastore gets neither unless these
-        are given)."""
+                 base_drafter_name: str = "adaflash-drafter", retention: list | None = None):
+        """``retention``: text of the domains the drafter was trained on, for the retention check and
+        rehearsal: ``(token ids, prompt length)`` pairs, or token id lists (read as prompt-less). Default:
+        the drafter folder's ``retention.safetensors`` (prompts with the target's responses), else
+        responses of its datastore; ``retention_trajectories`` of them for the check, a pool for
+        rehearsal. A drafter with neither gets no retention check unless these are given."""
         if not isinstance(drafter, AdaFlashDrafter):
             raise TypeError(f"AdaFlashOPD trains an AdaFlashDrafter, got {type(drafter).__name__}.")
         self.config = config or OPDConfig()
@@ -126,8 +128,8 @@ class AdaFlashOPD:
         # rest is rehearsed in every batch.
         rehearsal_pool = max(self.REHEARSAL_POOL, 4 * self.config.rehearsal_trajectories) if self.config.rehearsal_trajectories else 0
         wanted = self.config.retention_trajectories + rehearsal_pool
-        self._retention_text = (list(retention) if retention is not None else datastore_sequences(
-            drafter, wanted, self.RETENTION_TOKENS))[:wanted]
+        samples = retention_samples(drafter, wanted, self.RETENTION_TOKENS) if retention is None else list(retention)
+        self._retention_text = [s if isinstance(s, tuple) else (list(s), 1) for s in samples][:wanted]
         self.retention_set: list[Trajectory] = []
         self.rehearsal_set: list[Trajectory] = []
         self.retention_base_tau: float | None = None
@@ -357,16 +359,16 @@ class AdaFlashOPD:
         tick = time.perf_counter()
         layer_ids = self.drafter.config.target_layer_ids
         for _ in range(min(self.config.batch_trajectories, len(self._retention_text))):
-            tokens = self._retention_text.pop(0)
-            if len(tokens) < 2:
+            tokens, prompt_len = self._retention_text.pop(0)
+            if not 1 <= prompt_len < len(tokens):
                 continue
-            trajectory = teacher_forced_trajectory(self.target, layer_ids, tokens, 1, self.config.top_k, tag="retention")
+            trajectory = teacher_forced_trajectory(self.target, layer_ids, tokens, prompt_len, self.config.top_k, tag="retention")
             if len(self.retention_set) < self.config.retention_trajectories:
                 self.retention_set.append(trajectory)
             else:
                 self.rehearsal_set.append(trajectory)
         if not self._retention_text and self.retention_set:
-            self.retention_base_tau, _ = self.held_out_tau(self.good_state, self.retention_set)
+            self.retention_base_tau, _ = self.held_out_tau(self.good_state, self.retention_set, self.RETENTION_ANCHORS)
         work = time.perf_counter() - tick
         self.train_seconds += work
         return work
@@ -433,7 +435,7 @@ class AdaFlashOPD:
         """bf16 compute for the fp32 LoRA copy, as in offline training (the target's weights stay as they are)."""
         return torch.autocast(next(self.target.parameters()).device.type, dtype=torch.bfloat16)
 
-    def _loss(self, model, batch: list[Trajectory], with_grad: bool):
+    def _loss(self, model, batch: list[Trajectory], with_grad: bool, num_anchors: int | None = None):
         """OPD loss and teacher-forced (accepted (N,), predictions, labels) over a batch of trajectories."""
         cfg = self.config
         block_size = model.config.block_size
@@ -441,7 +443,7 @@ class AdaFlashOPD:
         gamma = cfg.gamma or default_gamma(block_size)
         device = next(self.target.parameters()).device
         tokens, context, label_mask, labels, teacher_ids, teacher_lp, rejected = _collate(batch, device)
-        anchors, valid = sample_anchors(label_mask, cfg.num_anchors, self._generator)
+        anchors, valid = sample_anchors(label_mask, num_anchors or cfg.num_anchors, self._generator)
         block_lab = block_labels(labels, label_mask, anchors, valid, block_size, input_ids=tokens)[:, :, :num_positions]  # (b, A, K)
         keep = block_lab != IGNORE_INDEX
         with torch.set_grad_enabled(with_grad):
@@ -460,8 +462,10 @@ class AdaFlashOPD:
         return loss, acceptance_counts(predictions.cpu(), block_lab.cpu())
 
     @torch.no_grad()
-    def held_out_tau(self, state: dict[str, torch.Tensor] | None = None, trajectories: list[Trajectory] | None = None) -> tuple[float, list[float]]:
-        """Teacher-forced τ and per-position acceptance of the trainer's drafter (or of ``state``) on held-out trajectories."""
+    def held_out_tau(self, state: dict[str, torch.Tensor] | None = None, trajectories: list[Trajectory] | None = None,
+                     num_anchors: int | None = None) -> tuple[float, list[float]]:
+        """Teacher-forced τ and per-position acceptance of the trainer's drafter (or of ``state``) on held-out
+        trajectories, over ``num_anchors`` blocks of each (default: the training step's)."""
         from peft import set_peft_model_state_dict
 
         trajectories = list(self.check_set) if trajectories is None else trajectories
@@ -477,7 +481,8 @@ class AdaFlashOPD:
             with self._autocast():
                 accepted, hits, seen = [], 0, 0
                 for i in range(0, len(trajectories), self.config.batch_trajectories):
-                    _, (acc, h, s) = self._loss(self.train_model, trajectories[i:i + self.config.batch_trajectories], with_grad=False)
+                    _, (acc, h, s) = self._loss(self.train_model, trajectories[i:i + self.config.batch_trajectories], with_grad=False,
+                                                num_anchors=num_anchors)
                     accepted.append(acc)
                     hits, seen = hits + h, seen + s
         finally:
@@ -498,7 +503,7 @@ class AdaFlashOPD:
         self.last_check = {"candidate_tau": round(cand_tau, 4), "serving_tau": round(serving_tau, 4), "passed": passed,
                            "position_acceptance": [round(p, 3) for p in positions], "check_trajectories": len(self.check_set)}
         if passed and self.retention_base_tau is not None:  # the domains the drafter was trained on must not suffer
-            retained, _ = self.held_out_tau(trajectories=self.retention_set)
+            retained, _ = self.held_out_tau(trajectories=self.retention_set, num_anchors=self.RETENTION_ANCHORS)
             floor = self.retention_base_tau * (1 - self.config.max_retention_drop)
             passed = math.isfinite(retained) and retained >= floor
             self.last_check.update(passed=passed, retention_tau=round(retained, 4), retention_base_tau=round(self.retention_base_tau, 4))

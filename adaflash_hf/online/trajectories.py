@@ -204,6 +204,48 @@ def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence
                       torch.zeros(ids.shape[1], dtype=torch.bool), tag)
 
 
+def save_retention_samples(samples: Sequence[tuple[Sequence[int], int]], path) -> None:
+    """Write ``(tokens, prompt_len)`` samples (a prompt and the target's response) as a drafter folder's
+    ``retention.safetensors``: flat int32 ``ids``, ``lengths`` and ``starts`` (where each response begins)."""
+    from safetensors.torch import save_file
+
+    save_file({"ids": torch.tensor([t for tokens, _ in samples for t in tokens], dtype=torch.int32),
+               "lengths": torch.tensor([len(tokens) for tokens, _ in samples], dtype=torch.int64),
+               "starts": torch.tensor([start for _, start in samples], dtype=torch.int64)}, str(path))
+
+
+def load_retention_samples(path) -> list[tuple[list[int], int]]:
+    """The ``(tokens, prompt_len)`` samples of a ``retention.safetensors`` file; a clear error when it is unusable."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+        if {"ids", "lengths", "starts"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["ids"].numel():
+            raise ValueError("it needs flat 'ids', the 'lengths' of its samples (summing to its size) and their 'starts'")
+        samples = [(s.tolist(), int(start)) for s, start in zip(torch.split(tensors["ids"].long(), tensors["lengths"].tolist()),
+                                                                 tensors["starts"].tolist())]
+        if any(not 1 <= start < len(tokens) for tokens, start in samples):
+            raise ValueError("every sample needs a prompt and a response (0 < start < length)")
+    except (SafetensorError, ValueError) as error:
+        raise OSError(f"The retention samples {path} cannot be read ({error}): rebuild them (adaflash prepare-drafter) "
+                      "or delete the file (OPD then checks on the datastore's responses).") from error
+    return samples
+
+
+def retention_samples(drafter, count: int, max_response_tokens: int = 128) -> list[tuple[list[int], int]]:
+    """Up to ``count`` ``(tokens, prompt_len)`` samples of the drafter's training domains: its folder's
+    ``retention.safetensors`` (prompts with the target's responses, cut to ``max_response_tokens``),
+    else responses of its datastore with no prompt (a weaker proxy: the target reads them without the
+    question they answer); [] when it ships neither."""
+    path = getattr(drafter, "adaflash_retention_file", None)
+    if path is not None and count > 0:
+        samples = load_retention_samples(path)
+        step = max(1, len(samples) // count)
+        return [(tokens[: start + max_response_tokens], start) for tokens, start in samples[::step][:count]]
+    return [(tokens, 1) for tokens in datastore_sequences(drafter, count, max_response_tokens)]
+
+
 def datastore_sequences(drafter, count: int, max_tokens: int = 128, min_tokens: int = 16) -> list[list[int]]:
     """Up to ``count`` token sequences of the drafter's datastore (the target's own responses to the
     drafter's training prompts), spread evenly over it and cut to ``max_tokens``; [] without one."""

@@ -246,6 +246,11 @@ class Scheduler:
                 self._running = False
                 self._lock.notify_all()
 
+    @property
+    def ready(self) -> bool:
+        """Whether the engine loop takes requests now (not while it starts up, profiles costs or after it stopped)."""
+        return self._serving.is_set()
+
     def wait_until_running(self, timeout: float | None = None) -> bool:
         """Block until the engine loop takes requests (after its verify-cost profile); False on timeout."""
         return self._serving.wait(timeout)

@@ -399,8 +399,13 @@ def create_app(scheduler, manage_scheduler: bool = True):
 
     # -- endpoints ----------------------------------------------------------------------------------
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health():
+        """200 while the engine takes requests; 503 while it starts up (profiling costs) or after it stopped,
+        so that a load balancer or an orchestrator's readiness probe waits for it."""
+        if scheduler.ready:
+            return {"status": "ok"}
+        return JSONResponse({"status": "unavailable", "detail": "the engine is not taking requests yet (starting up) or any more "
+                             "(stopped); retry shortly"}, status_code=503, headers={"Retry-After": "1"})
 
     @app.get("/v1/status")
     async def status() -> dict:

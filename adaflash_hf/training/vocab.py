@@ -86,6 +86,15 @@ def corpus_prediction_counts(target, tokenizer, domains: list[str], num_tokens: 
     return counts, held_out
 
 
+def pick_retention_samples(sequences, count: int = 48, max_prompt_tokens: int = 384, max_response_tokens: int = 128,
+                           min_response_tokens: int = 16) -> list[tuple[list[int], int]]:
+    """``count`` (prompt + response cut to ``max_response_tokens``, prompt length) samples spread evenly over
+    cached training sequences (``TrainingSequence``: input_ids, start), for OPD's retention check."""
+    usable = [s for s in sequences if s.start <= max_prompt_tokens and len(s.input_ids) - s.start >= min_response_tokens]
+    step = max(1, len(usable) // count) if usable else 1
+    return [(s.input_ids[: s.start + max_response_tokens].tolist(), int(s.start)) for s in usable[::step][:count]]
+
+
 def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     from ..decoding.proposers import DATASTORE_FILE, PRIOR_FILE, save_datastore
     from ..drafters import load_drafter
@@ -142,6 +151,13 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     }, indent=1) + "\n")
     if write_datastore:
         save_datastore(responses, out / DATASTORE_FILE)
+    retention = pick_retention_samples(train)
+    if retention:
+        from ..drafters import RETENTION_FILE
+        from ..online.trajectories import save_retention_samples
+
+        save_retention_samples(retention, out / RETENTION_FILE)
+        print(f"wrote {len(retention)} retention samples (prompts with their responses, for OPD's check) to {out / RETENTION_FILE}")
     print(f"wrote {out} with a draft vocabulary of {size} tokens"
           + (f" and a datastore of {sum(map(len, responses))} response tokens" if write_datastore else ""))
     if config.acceptance_prompts:

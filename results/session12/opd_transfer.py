@@ -42,7 +42,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--variant", default="full")
     parser.add_argument("--steps", type=int, default=240)
-    parser.add_argument("--trained-per-domain", type=int, default=4)
+    parser.add_argument("--trained-per-domain", type=int, default=8)
     parser.add_argument("--cache", default="runs/opd_offline/fiction_200_16_64.pt")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -57,7 +57,19 @@ def main():
         for param in opd.train_model.parameters():
             param.requires_grad_(True)
         opd._optimizer = opd._new_optimizer()
+    while opd._retention_text:
+        opd._build_retention()
+
+    def retention(all_anchors: bool) -> float:
+        saved = opd.config.num_anchors
+        opd.config.num_anchors = 1000 if all_anchors else saved
+        try:
+            return opd.held_out_tau(trajectories=opd.retention_set)[0]
+        finally:
+            opd.config.num_anchors = saved
+
     base = copy.deepcopy(opd.train_model).to(torch.bfloat16).eval()
+    print(f"retention τ (16 anchors) {retention(False):.4f}, (all anchors) {retention(True):.4f}", flush=True)
     before = {"fiction": engine_tau(target, base, tokenizer, fiction), "trained": engine_tau(target, base, tokenizer, trained),
               "tf": opd.held_out_tau(trajectories=held_out)[0]}
     print(f"before: engine τ fiction {before['fiction']:.3f} trained {before['trained']:.3f}, teacher-forced fiction {before['tf']:.3f}", flush=True)
@@ -65,8 +77,13 @@ def main():
     tick = time.perf_counter()
     for _ in range(args.steps):
         picks = torch.randperm(len(train), generator=generator)[: opd.config.batch_trajectories].tolist()
-        opd._guarded_step([train[i] for i in picks])
+        batch = [train[i] for i in picks]
+        if opd.rehearsal_set:
+            more = torch.randperm(len(opd.rehearsal_set), generator=generator)[: opd.config.rehearsal_trajectories].tolist()
+            batch += [opd.rehearsal_set[i] for i in more]
+        opd._guarded_step(batch)
     seconds = time.perf_counter() - tick
+    print(f"after: retention τ (16 anchors) {retention(False):.4f}, (all anchors) {retention(True):.4f}", flush=True)
     trained_model = copy.deepcopy(opd.train_model).to(torch.bfloat16).eval()
     after = {"fiction": engine_tau(target, trained_model, tokenizer, fiction), "trained": engine_tau(target, trained_model, tokenizer, trained),
              "tf": opd.held_out_tau(trajectories=held_out)[0]}
