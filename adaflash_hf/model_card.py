@@ -238,6 +238,9 @@ def _draft_data_lines(config: dict, draft_data: dict | None, prior: dict | None 
     if draft_data and draft_data.get("datastore_tokens"):
         lines.append(f"- `datastore.safetensors`: {draft_data['datastore_tokens']} tokens of the target's own greedy responses to "
                      "training prompts, used by the engine's `datastore` draft source (suffix matches)")
+    if draft_data and draft_data.get("retention_samples"):
+        lines.append(f"- `retention.safetensors`: {draft_data['retention_samples']} training prompts with the target's responses; "
+                     "on-line distillation (`AdaFlashOPD`) publishes no adapter that loses more than 2 % of the drafter's τ on them")
     if prior:
         lines.append(f"- `acceptance_prior.json`: the acceptance rates the engine learned on {prior.get('prompts', '?')} held-out "
                      f"training prompts ({len(prior['entries'])} features), so a fresh process starts with calibrated draft "

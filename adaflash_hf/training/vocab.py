@@ -139,6 +139,7 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     out = Path(config.output_dir)
     drafter.save_pretrained(out)
     write_datastore = config.datastore and bool(responses)
+    retention = pick_retention_samples(train)
     (out / "draft_vocab.json").write_text(json.dumps({
         "size": size, "heldout_coverage": (kept_coverage if config.keep_vocab else
                                            next((r["heldout_coverage"] for r in table if r["size"] == size),
@@ -147,11 +148,10 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
         "counted_tokens": sum(counts.values()), "heldout_tokens": sum(eval_counts.values()),
         "response_tokens": sum(map(len, responses)), "corpus_prediction_tokens": config.corpus_tokens,
         "datastore_tokens": sum(map(len, responses)) if write_datastore else 0,
-        "coverage_table": table, "data_dir": config.data_dir,
+        "coverage_table": table, "data_dir": config.data_dir, "retention_samples": len(retention),
     }, indent=1) + "\n")
     if write_datastore:
         save_datastore(responses, out / DATASTORE_FILE)
-    retention = pick_retention_samples(train)
     if retention:
         from ..drafters import RETENTION_FILE
         from ..online.trajectories import save_retention_samples
