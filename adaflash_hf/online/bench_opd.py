@@ -231,8 +231,8 @@ def _table(result: dict) -> str:
     status = result.get("opd_status") or {}
     if status:
         lines.append(f"training: {status.get('steps', 0)} steps in {status.get('train_seconds', 0.0):.1f} s, "
-                     f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected by the live check, "
-                     f"{status.get('retention_rejections', 0)} by the retention check")
+                     f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected "
+                     f"({status.get('retention_rejections', 0)} of them by the retention check)")
     return "\n".join(lines)
 
 
