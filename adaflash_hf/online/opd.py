@@ -129,7 +129,8 @@ class AdaFlashOPD:
         rehearsal_pool = max(self.REHEARSAL_POOL, 4 * self.config.rehearsal_trajectories) if self.config.rehearsal_trajectories else 0
         wanted = self.config.retention_trajectories + rehearsal_pool
         samples = retention_samples(drafter, wanted, self.RETENTION_TOKENS) if retention is None else list(retention)
-        self._retention_text = [s if isinstance(s, tuple) else (list(s), 1) for s in samples][:wanted]
+        samples = [s if isinstance(s, tuple) else (list(s), 1) for s in samples][:wanted]
+        self._retention_text = samples[0::2] + samples[1::2]  # the check set (built first) and the pool both span them
         self.retention_set: list[Trajectory] = []
         self.rehearsal_set: list[Trajectory] = []
         self.retention_base_tau: float | None = None

@@ -241,8 +241,7 @@ def retention_samples(drafter, count: int, max_response_tokens: int = 128) -> li
     path = getattr(drafter, "adaflash_retention_file", None)
     if path is not None and count > 0:
         samples = load_retention_samples(path)
-        step = max(1, len(samples) // count)
-        return [(tokens[: start + max_response_tokens], start) for tokens, start in samples[::step][:count]]
+        return [(tokens[: start + max_response_tokens], start) for tokens, start in _spread(samples, count)]
     return [(tokens, 1) for tokens in datastore_sequences(drafter, count, max_response_tokens)]
 
 
@@ -256,5 +255,11 @@ def datastore_sequences(drafter, count: int, max_tokens: int = 128, min_tokens: 
         return []
     tensors = load_file(str(path))
     streams = [s for s in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()) if len(s) >= min_tokens]
-    step = max(1, len(streams) // count)
-    return [s[:max_tokens].tolist() for s in streams[::step][:count]]
+    return [s[:max_tokens].tolist() for s in _spread(streams, count)]
+
+
+def _spread(items: list, count: int) -> list:
+    """``count`` items evenly spaced over the whole list (all of them when there are fewer)."""
+    if len(items) <= count:
+        return list(items)
+    return [items[i * len(items) // count] for i in range(count)]
