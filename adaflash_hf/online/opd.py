@@ -18,8 +18,10 @@ Data flow (AdaFlash, ``shared/DESIGN.md`` §4):
    - ``thread``: a background thread with ``train_threads`` threads (for accelerators, where the
      device overlaps the two).
 3. **Check and publish.** Every ``steps_per_version`` steps the candidate is compared with the
-   serving version by teacher-forced τ on the held-out trajectories; only a candidate that is at
-   least as good is published (a new version; optionally written to ``publish_dir``).
+   serving version by teacher-forced τ on the held-out trajectories, and with the base drafter on
+   the retention set (training prompts with the target's responses, ``retention.safetensors``; it
+   may lose at most ``max_retention_drop``); only a candidate that passes both is published (a new
+   version; optionally written to ``publish_dir``). Rehearsal mixes more such samples into batches.
 4. **Swap.** The serving drafter's :class:`~.adapters.AdapterSlot` applies the newest version on the
    engine thread, in ``observer.before_round()``: between rounds, never mid-round.
 
