@@ -325,7 +325,8 @@ def test_publish_follow_skips_a_corrupt_version_and_merge_matches(pair, tmp_path
 # the pipeline and its faults
 def _opd(target, drafter, **overrides) -> AdaFlashOPD:
     config = dict(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2, duty_cycle=1.0, lr=1e-2,
-                  worker="thread")  # the background thread; the inline tests below ask for "inline"
+                  worker="thread",  # the background thread; the inline tests below ask for "inline"
+                  min_improvement=-1.0)  # every checked version is published: these tests are about swaps and faults, not the check
     config.update(overrides)
     return AdaFlashOPD(target, drafter, OPDConfig(**config))
 
