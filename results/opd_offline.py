@@ -115,11 +115,7 @@ def main():
         start = time.perf_counter()
         for step in range(1, args.steps + 1):
             picks = torch.randperm(len(train), generator=generator)[: opd.config.batch_trajectories].tolist()
-            batch = [train[i] for i in picks]
-            if opd.rehearsal_set:
-                more = torch.randperm(len(opd.rehearsal_set), generator=generator)[: opd.config.rehearsal_trajectories].tolist()
-                batch += [opd.rehearsal_set[i] for i in more]
-            opd._guarded_step(batch)
+            opd._guarded_step(opd.with_rehearsal([train[i] for i in picks], generator))
             if step % args.eval_every == 0:
                 tau, pos = opd.held_out_tau(trajectories=held_out)
                 retained, _ = opd.held_out_tau(trajectories=opd.retention_set)

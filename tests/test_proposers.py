@@ -6,6 +6,8 @@ whichever source drafted (and the sampling tests in test_sampling.py cover the d
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -227,6 +229,18 @@ def test_the_guard_times_a_plain_step_after_the_first_speculative_round_and_now_
     assert answers == [True, False, True, True, False, True]
 
 
+@contextlib.contextmanager
+def counting_forwards(module: torch.nn.Module):
+    """A list that gets one entry per ``module.forward`` call made inside the block."""
+    calls = []
+    original = module.forward
+    module.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        yield calls
+    finally:
+        del module.forward
+
+
 def test_a_held_round_proposes_nothing_and_runs_no_drafter(target, drafter):
     class HoldPlain(FixedVerifyLength):
         def wants_drafts(self, rows):
@@ -234,14 +248,9 @@ def test_a_held_round_proposes_nothing_and_runs_no_drafter(target, drafter):
 
     prompts = random_prompts((6, 9), seed=3)
     ids, mask = left_pad(prompts)
-    calls = []
-    original = drafter.forward
-    drafter.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
-    try:
+    with counting_forwards(drafter) as calls:
         out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting_state=DraftingState(),
                        verify_policy=HoldPlain())
-    finally:
-        del drafter.forward
     assert not calls and out.mean_accepted_length == 1.0
     assert {s for r in out.stats.rounds for s in r.sources} == {"none"}
     want = [greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
@@ -421,15 +430,10 @@ def test_a_drafter_that_does_not_pay_is_skipped_unless_it_must_draft_every_round
 def test_drafting_every_round_runs_the_drafter_once_per_round_and_stays_lossless(target, drafter):
     prompts = random_prompts((6, 9), seed=4)
     ids, mask = left_pad(prompts)
-    calls = []
-    original = drafter.forward
-    drafter.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
-    try:
+    with counting_forwards(drafter) as calls:
         out = generate(target, drafter, ids, mask, max_new_tokens=16, eos_token_id=None, verify_policy=FixedVerifyLength(None),
                        drafting=DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_every_round=True),
                        drafting_state=DraftingState())
-    finally:
-        del drafter.forward
     assert len(calls) == len(out.stats.rounds)
     want = [greedy_reference(target, p, 16, eos=False)[len(p):] for p in prompts]
     assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want

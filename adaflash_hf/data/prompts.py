@@ -259,7 +259,7 @@ def split_passages(text: str, min_words: int, max_words: int) -> list[str]:
     return [p for p in passages if p.strip()]
 
 
-def _spread(items: Sequence[Any], k: int) -> list[Any]:
+def spread_evenly(items: Sequence[Any], k: int) -> list[Any]:
     """At most ``k`` items, evenly spaced over ``items`` (all of them when ``len(items) <= k``)."""
     if len(items) <= k:
         return list(items)
@@ -302,7 +302,7 @@ def _code_prompts() -> list[_Item]:
             if templates:
                 text = _pick(templates, item_id).format(code=chunk.code.rstrip(), header=chunk.header, kind=chunk.kind)
                 usable.append((item_id, text, frozenset({_normalise(chunk.code)})))
-        for rank, (item_id, text, keys) in enumerate(_spread(usable, MAX_PROMPTS_PER_DOCUMENT["code"])):
+        for rank, (item_id, text, keys) in enumerate(spread_evenly(usable, MAX_PROMPTS_PER_DOCUMENT["code"])):
             items.append(_Item(item_id, "code", "cpython-stdlib", doc_id, text, (text,), rank, False, keys))
     return items
 
@@ -334,7 +334,7 @@ def _prose_prompts(domain: str) -> list[_Item]:
         keys = _sentence_keys(doc.text)
         book = doc.title.split(",")[0]
         excerpts = list(enumerate(split_passages(doc.text, *PROMPT_EXCERPT_WORDS)))
-        for rank, (index, excerpt) in enumerate(_spread(excerpts, MAX_PROMPTS_PER_DOCUMENT[domain])):
+        for rank, (index, excerpt) in enumerate(spread_evenly(excerpts, MAX_PROMPTS_PER_DOCUMENT[domain])):
             item_id = f"{source}/{doc.doc_id}#{index}"
             text = _pick(_TEXT_TEMPLATES[domain], item_id).format(excerpt=excerpt, title=doc.title, book=book)
             items.append(_Item(item_id, domain, source, doc.doc_id, text, (text,), rank, True, keys))

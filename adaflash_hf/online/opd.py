@@ -342,9 +342,7 @@ class AdaFlashOPD:
             return 0.0
         self.state = "training"
         tick = time.perf_counter()
-        if self.rehearsal_set:
-            picks = torch.randperm(len(self.rehearsal_set), generator=self._generator)[: self.config.rehearsal_trajectories]
-            batch = batch + [self.rehearsal_set[i] for i in picks.tolist()]
+        batch = self.with_rehearsal(batch)
         for _ in range(self.config.passes):
             self._guarded_step(batch)
         self._steps_since_check += self.config.passes
@@ -354,6 +352,13 @@ class AdaFlashOPD:
         work = time.perf_counter() - tick
         self.train_seconds += work
         return work
+
+    def with_rehearsal(self, batch: list[Trajectory], generator: torch.Generator | None = None) -> list[Trajectory]:
+        """``batch`` plus ``rehearsal_trajectories`` random trajectories of the rehearsal pool (none while it is empty)."""
+        if not self.rehearsal_set:
+            return batch
+        picks = torch.randperm(len(self.rehearsal_set), generator=generator or self._generator)[: self.config.rehearsal_trajectories]
+        return batch + [self.rehearsal_set[i] for i in picks.tolist()]
 
     def _build_retention(self) -> float:
         """Turn up to ``batch_trajectories`` retention sequences into trajectories (one target forward

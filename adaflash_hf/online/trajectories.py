@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..data.prompts import spread_evenly
+
 
 @dataclass
 class Trajectory:
@@ -241,7 +243,7 @@ def retention_samples(drafter, count: int, max_response_tokens: int = 128) -> li
     path = getattr(drafter, "adaflash_retention_file", None)
     if path is not None and count > 0:
         samples = load_retention_samples(path)
-        return [(tokens[: start + max_response_tokens], start) for tokens, start in _spread(samples, count)]
+        return [(tokens[: start + max_response_tokens], start) for tokens, start in spread_evenly(samples, count)]
     return [(tokens, 1) for tokens in datastore_sequences(drafter, count, max_response_tokens)]
 
 
@@ -255,11 +257,4 @@ def datastore_sequences(drafter, count: int, max_tokens: int = 128, min_tokens: 
         return []
     tensors = load_file(str(path))
     streams = [s for s in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()) if len(s) >= min_tokens]
-    return [s[:max_tokens].tolist() for s in _spread(streams, count)]
-
-
-def _spread(items: list, count: int) -> list:
-    """``count`` items evenly spaced over the whole list (all of them when there are fewer)."""
-    if len(items) <= count:
-        return list(items)
-    return [items[i * len(items) // count] for i in range(count)]
+    return [s[:max_tokens].tolist() for s in spread_evenly(streams, count)]

@@ -77,11 +77,7 @@ def main():
     tick = time.perf_counter()
     for _ in range(args.steps):
         picks = torch.randperm(len(train), generator=generator)[: opd.config.batch_trajectories].tolist()
-        batch = [train[i] for i in picks]
-        if opd.rehearsal_set:
-            more = torch.randperm(len(opd.rehearsal_set), generator=generator)[: opd.config.rehearsal_trajectories].tolist()
-            batch += [opd.rehearsal_set[i] for i in more]
-        opd._guarded_step(batch)
+        opd._guarded_step(opd.with_rehearsal([train[i] for i in picks], generator))
     seconds = time.perf_counter() - tick
     print(f"after: retention τ (16 anchors) {retention(False):.4f}, (all anchors) {retention(True):.4f}", flush=True)
     trained_model = copy.deepcopy(opd.train_model).to(torch.bfloat16).eval()
