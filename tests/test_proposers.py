@@ -387,8 +387,8 @@ def test_the_drafter_scores_candidate_tokens_with_its_own_probabilities(target):
 @pytest.mark.parametrize("cheap", [True, False])
 def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(cheap):
     state = DraftingState()
-    state.cost_model.update(1, 0.040)
-    state.drafter_seconds, state.drafter_value = (0.002 if cheap else 0.020), 0.0  # 5 % or 50 % of a step
+    state.observe_round(1, 0.040, 0.002 if cheap else 0.020)  # a drafter pass costs 5 % or 50 % of a step
+    state.drafter_value = 0.0
     proposer = HybridProposer(state, DraftingConfig(global_index=False), block_size=4)
     proposer.add_row(0, [1, 2, 3, 1, 2, 3, 1, 2])
     state.rounds_since_drafter = -100  # drafter_pays alone would skip it: the suffix candidate is worth more
@@ -408,11 +408,27 @@ def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(chea
         assert not calls and not any(isinstance(f[-1], str) for f in suffix_features)
 
 
+def test_the_drafters_cost_is_measured_per_batch_size():
+    """A pass over 16 rows costs several one-row passes: cheap enough to score look-ups at batch 1 is not cheap at 16."""
+    state = DraftingState()
+    assert state.drafter_cost(1) is None and not state.drafter_is_cheap(1)
+    state.observe_round(1, 0.040, 0.002)  # one row: the drafter costs 5 % of a plain step
+    state.observe_round(16, 0.080, 0.030, rows=16)  # sixteen rows: 37 % of a plain step of sixteen rows
+    assert state.drafter_cost(1) == pytest.approx(0.002) and state.drafter_cost(16) == pytest.approx(0.030)
+    assert state.drafter_cost(1) < state.drafter_cost(8) < state.drafter_cost(16)  # interpolated between
+    assert state.drafter_is_cheap(1) and not state.drafter_is_cheap(16)
+    state.drafter_value = 1.0  # its blocks get one draft accepted; the look-ups offer nothing
+    assert state.drafter_pays([0.0], width=4)
+    assert not state.drafter_pays([0.9] * 16, width=4)  # at sixteen rows a pass costs more than it adds
+    state.observe_round(16, 0.080, 0.001, rows=16)  # a faster pass lowers the estimate, and the table stays monotone
+    assert state.drafter_cost(1) <= state.drafter_cost(16)
+
+
 @pytest.mark.parametrize("every_round", [False, True])
 def test_a_drafter_that_does_not_pay_is_skipped_unless_it_must_draft_every_round(every_round):
     state = DraftingState()
-    state.cost_model.update(1, 0.040)
-    state.drafter_seconds, state.drafter_value = 0.020, 0.0  # half a step for nothing accepted
+    state.observe_round(1, 0.040, 0.020)  # half a step for nothing accepted
+    state.drafter_value = 0.0
     proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
                                                     drafter_every_round=every_round), block_size=4)
     proposer.add_row(0, [1, 2, 3])

@@ -66,19 +66,19 @@ class VerifyCostModel:
         if ragged and rows > 1:
             table = self.ragged_seconds.setdefault(rows, {})
             self._ema(table, num_tokens, seconds)
-            _keep_monotone(table, num_tokens)
+            keep_monotone(table, num_tokens)
         elif rows <= 1:
             self._ema(self.seconds, num_tokens, seconds)
-            _keep_monotone(self.seconds, num_tokens)
+            keep_monotone(self.seconds, num_tokens)
         else:
             width = num_tokens // rows
             self._ema(self.batch_seconds, (rows, width), seconds)
             same_rows = {w: t for (r, w), t in self.batch_seconds.items() if r == rows}
-            _keep_monotone(same_rows, width)
+            keep_monotone(same_rows, width)
             self.batch_seconds.update({(rows, w): t for w, t in same_rows.items()})
             if num_tokens == rows:
                 self._ema(self.row_seconds, rows, seconds)
-                _keep_monotone(self.row_seconds, rows)
+                keep_monotone(self.row_seconds, rows)
 
     def cost_batch(self, rows: int, width: int) -> float:
         """Estimated seconds of a forward of ``rows`` rows with ``width`` new tokens each.
@@ -95,8 +95,8 @@ class VerifyCostModel:
             return measured
         same_width = {r: t for (r, w), t in self.batch_seconds.items() if w == width}
         if len(same_width) >= 2 and min(same_width) <= rows:
-            return _interpolate(same_width, rows)
-        base = _interpolate(self.row_seconds, rows) if self.row_seconds else self.cost(rows)
+            return interpolate(same_width, rows)
+        base = interpolate(self.row_seconds, rows) if self.row_seconds else self.cost(rows)
         return base * self.cost(rows * width) / self.cost(rows)
 
     def cost_ragged(self, rows: int, num_tokens: int) -> float:
@@ -110,7 +110,7 @@ class VerifyCostModel:
             return self.cost(num_tokens)
         table = self.ragged_seconds.get(rows)
         if table and (num_tokens in table or len(table) >= 2):
-            return _interpolate(table, num_tokens)
+            return interpolate(table, num_tokens)
         return self.cost_batch(rows, -(-num_tokens // rows))
 
     def cost_ragged_curve(self, rows: int, totals: range) -> torch.Tensor:
@@ -220,7 +220,7 @@ class VerifyCostModel:
         return measured
 
 
-def _keep_monotone(table: dict[int, float], fresh: int) -> None:
+def keep_monotone(table: dict[int, float], fresh: int) -> None:
     """Make ``table`` non-decreasing in its key around the entry ``fresh`` just updated (in place): smaller
     keys that cost more are lowered to it, larger keys that cost less are raised to it."""
     value = table[fresh]
@@ -229,7 +229,7 @@ def _keep_monotone(table: dict[int, float], fresh: int) -> None:
             table[key] = value
 
 
-def _interpolate(table: dict[int, float], key: int) -> float:
+def interpolate(table: dict[int, float], key: int) -> float:
     """Linear interpolation in a {count: seconds} table; linear extrapolation along the outer two points."""
     if key in table:
         return table[key]

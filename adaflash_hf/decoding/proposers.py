@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import PackedLinear, can_pack, pack_weight, packed_linear, use_packed
-from .cost import VerifyCostModel
+from .cost import VerifyCostModel, interpolate, keep_monotone
 from .policy import GoodputVerifyLength
 from .tree import build_tree, chain_rates
 
@@ -410,7 +410,7 @@ class DraftingState:
         self.cost_model = VerifyCostModel()  # seconds per target forward by new tokens, measured as rounds run
         self.policy = GoodputVerifyLength(cost_model=self.cost_model)
         self.drafter_value: float | None = None  # moving average of drafts a drafter block got accepted
-        self.drafter_seconds: float | None = None  # moving average of one drafter pass
+        self.drafter_seconds: dict[int, float] = {}  # rows -> moving average of one drafter pass over that many rows
         self.rounds_since_drafter = 0
         self.seeded = False  # whether a drafter's acceptance prior was added (once per state)
 
@@ -427,8 +427,17 @@ class DraftingState:
         self.cost_model.update(num_tokens, verify_seconds, rows, ragged=ragged)
         if drafter_seconds is not None:
             self.rounds_since_drafter = 0
-            old = self.drafter_seconds
-            self.drafter_seconds = drafter_seconds if old is None else 0.8 * old + 0.2 * drafter_seconds
+            old = self.drafter_seconds.get(rows)
+            self.drafter_seconds[rows] = drafter_seconds if old is None else 0.8 * old + 0.2 * drafter_seconds
+            keep_monotone(self.drafter_seconds, rows)
+
+    def drafter_cost(self, rows: int) -> float | None:
+        """Estimated seconds of one drafter pass over ``rows`` rows: measured where that many rows drafted,
+        else interpolated between (or extrapolated from) the row counts measured; None before any pass.
+
+        A pass over 16 rows drafts 16 blocks and costs several times a one-row pass, so one average over the
+        batch sizes a server runs would call the drafter cheap at high load and dear at batch 1."""
+        return interpolate(self.drafter_seconds, rows) if self.drafter_seconds else None
 
     def drafter_pays(self, best_other: Sequence[float], width: int) -> bool:
         """Whether running the drafter this round is expected to pay for itself.
@@ -439,20 +448,22 @@ class DraftingState:
         row for every row (both measured on this machine).
         """
         self.rounds_since_drafter += 1
-        if self.drafter_value is None or self.drafter_seconds is None or not self.cost_model.measured:
+        seconds = self.drafter_cost(len(best_other))
+        if self.drafter_value is None or seconds is None or not self.cost_model.measured:
             return True  # nothing measured yet: try it
         if self.rounds_since_drafter >= self.EXPLORE_EVERY:
             return True  # keep its estimate fresh even while skipped (a drafter that adapts online improves)
         gain = sum(max(0.0, self.drafter_value - e) for e in best_other)
         tokens = sum(1 + e for e in best_other)
-        return gain / tokens > self.drafter_seconds / self.cost_model.cost_batch(len(best_other), width)
+        return gain / tokens > seconds / self.cost_model.cost_batch(len(best_other), width)
 
     def drafter_is_cheap(self, rows: int) -> bool:
         """Whether a drafter pass costs at most ``SCORE_COST`` of a plain step of ``rows`` rows (both measured),
         so running it every round to score the look-up candidates (``DraftingConfig.drafter_scores``) is worth it."""
-        if self.drafter_seconds is None or not self.cost_model.measured:
+        seconds = self.drafter_cost(rows)
+        if seconds is None or not self.cost_model.measured:
             return False
-        return self.drafter_seconds <= self.SCORE_COST * self.cost_model.cost_batch(rows, 1)
+        return seconds <= self.SCORE_COST * self.cost_model.cost_batch(rows, 1)
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Add a finished request (prompt and output) to the global index."""

@@ -5,7 +5,9 @@ shared by all), and a closed-loop client keeps ``c`` streaming chat requests in 
 ``plain`` (continuous batching, no drafting), ``adaflash@N`` (every row verifies N tokens: the anchor
 plus N - 1 drafts), and ``adaflash`` (the library default: the verify length that maximises expected
 tokens per second at the current load, measured on this machine). Levels are interleaved (for each
-concurrency, every method in turn), so drift in a shared machine hits all methods alike.
+concurrency, every method in turn), so drift in a shared machine hits all methods alike. Before each
+level every method serves that level's first ``c`` prompts once, unmeasured and short, so one-off costs
+of a new batch size land in none of the measured requests.
 
 As in ``adaflash serve``, the engine being measured runs in the main thread (the one that loaded the
 model) and the HTTP servers and the client in background threads: one OS thread does all torch work.
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from ..cli_args import DTYPES, check_choice, dtype_field
 
 METHODS = ("plain", "adaflash")
+LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method serves before each level
 
 
 @dataclass
@@ -241,7 +244,10 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             count = args.requests or max(16, 2 * concurrency)
             prompts = [mixed[(offset + i) % (len(mixed) - 4)] for i in range(count)]
             offset += count
-            for scheduler in schedulers.values():  # no level reuses an earlier level's outputs of the same prompts
+            for method in methods:  # unmeasured: one-off costs of this batch size (kernel set-up for new shapes, the
+                # guard's first rounds at it) do not land in a level of 16-64 requests, as they would not in a server
+                serve_while(schedulers[method], drive, urls[method], method, prompts[:concurrency], concurrency, LEVEL_WARMUP_TOKENS)
+            for scheduler in schedulers.values():  # no level reuses the warm-up's or an earlier level's outputs
                 scheduler.drafting_state.forget_requests()
             for method in methods[level % len(methods):] + methods[: level % len(methods)]:  # rotated: no method always first
                 before = schedulers[method].status()

@@ -451,7 +451,7 @@ def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | N
         "wall_minutes": (time.perf_counter() - wall_start) / 60,
         "history": history, "held_out": evaluation,
         "head_seconds_batch1": time_head(head.float(), 1),
-        "drafter_seconds_ema": state.drafter_seconds,  # the engine's measured drafter pass, at --batch-size rows
+        "drafter_seconds_ema": state.drafter_cost(config.batch_size),  # the engine's measured drafter pass at --batch-size rows
         "head_parameters": sum(p.numel() for p in head.parameters()),
     }
     (head_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
