@@ -94,6 +94,7 @@ BUNDLED_CARDS = (
         "Research log: results/experiments.md in the adaflash-hf repository.",
     )),
     BundledCard("smollm2-135m-length-head", "smollm2-135m-length-head"),
+    BundledCard("qwen2.5-coder-1.5b-length-head", "qwen2.5-coder-1.5b-length-head"),
 )
 
 
