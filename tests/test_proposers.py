@@ -161,6 +161,34 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     assert policy.wants_drafts(16)
 
 
+def test_the_guard_caps_verify_lengths_at_the_cap_that_realises_most():
+    """Rounds under each cap realise what this table says; the policy ends up verifying at most 4 tokens per row
+    (the cap that pays most here, though the cost model would verify 9) and still tries the others now and then."""
+    cost = VerifyCostModel()
+    cost.update(16, 0.100, rows=16)
+    policy = GoodputVerifyLength(cost_model=cost, refresh_plain_every=1000)
+    accepted = {None: [2] * 16, 4: [2] * 8 + [1] * 8, 2: [1] * 13 + [0] * 3}  # drafts accepted per row under each cap,
+    steps = {None: 2.5, 4: 1.5, 2: 1.2}  # and the round's time in plain steps: 1.20, 1.67 and 1.51 tokens per step
+    rates = torch.full((16, 8), 0.9)
+    used = []
+    for _ in range(80):
+        if not policy.wants_drafts(16):
+            policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100, proposed=False)
+            continue
+        lengths = policy.verify_lens(rates, None)
+        cap = policy._used_cap[1]
+        assert cap is None or int(lengths.max()) <= cap
+        used.append(cap)
+        policy.update(torch.tensor(accepted[cap]), lengths, steps[cap] * 0.100, proposed=True)
+    assert used[:3] == [None, 4, 2]  # every cap tried once first
+    assert int(policy.verify_lens(rates[:1], None).max()) == 9  # one row: uncapped (the guard does not watch it)
+    later = used[20:]
+    assert later.count(4) > 0.8 * len(later) and {None, 2} <= set(later)  # the best, and the others explored
+    assert policy.cap_rate(5, 4) > max(policy.cap_rate(5, None), policy.cap_rate(5, 2))
+    with pytest.raises(ValueError, match="caps"):
+        GoodputVerifyLength(caps=(1,))
+
+
 def test_a_round_that_proposed_counts_as_speculative_even_when_it_verified_only_anchors():
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)

@@ -165,6 +165,14 @@ class GoodputVerifyLength:
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
     estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's
     rounds are too few and too varied to compare, and there the goodput choice alone decides.
+
+    The same realised rates also pick how far the goodput choice may go at each batch size: every
+    speculative round of ``min_rows`` rows or more verifies at most ``cap`` tokens per row, for the cap
+    (one of ``caps``, or none) whose rounds have realised the most tokens per plain step's time in this
+    bucket; each untried cap gets a round first, and every ``cap_explore_every``-th speculative round
+    tries another cap in turn. Where the cost model is right the uncapped choice wins; where it
+    underrates what long verification costs at a load (a saturated CPU), a short cap wins and the guard
+    then compares plain steps with those cheaper rounds, not with the long ones.
     """
 
     max_verify_len: int | None = None
@@ -176,10 +184,21 @@ class GoodputVerifyLength:
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
+    caps: tuple[int, ...] = (4, 2)
+    cap_explore_every: int = 8
     ragged: bool = False
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
     _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
+    capped: dict = field(default_factory=dict, repr=False)  # (rows bucket, cap or None) -> [decayed tokens, decayed time]
+    _cap_rounds: dict = field(default_factory=dict, repr=False)  # rows bucket -> speculative rounds filed by cap
+    _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
+    _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
+
+    def __post_init__(self):
+        if any(cap < 2 for cap in self.caps) or self.cap_explore_every < 2:
+            raise ValueError(f"caps={self.caps}, cap_explore_every={self.cap_explore_every}: each cap must be >= 2 "
+                             "(the anchor and at least one draft) and cap_explore_every >= 2.")
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
         """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
@@ -198,11 +217,36 @@ class GoodputVerifyLength:
         plain, spec = self.rate(bucket, False), self.rate(bucket, True)
         return plain is not None and spec is not None and spec * self.margin < plain
 
+    def cap_rate(self, bucket: int, cap: int | None) -> float | None:
+        """Realised tokens per row per plain step's time of the speculative rounds verified under ``cap``."""
+        sums = self.capped.get((bucket, cap))
+        return None if sums is None or sums[1] <= 0 else sums[0] / sums[1]
+
+    def choose_cap(self, bucket: int) -> int | None:
+        """The verify-length cap of this bucket's next speculative round (None: uncapped): an untried one first,
+        then the best realised one, and every ``cap_explore_every``-th round another in turn."""
+        arms = (None, *self.caps)
+        untried = [cap for cap in arms if (bucket, cap) not in self.capped]
+        if untried:
+            return untried[0]
+        best = max(arms, key=lambda cap: self.cap_rate(bucket, cap))
+        n = self._cap_rounds.get(bucket, 0)
+        if n % self.cap_explore_every == self.cap_explore_every - 1:
+            others = [cap for cap in arms if cap != best]
+            return others[(n // self.cap_explore_every) % len(others)]
+        return best
+
     def wants_drafts(self, rows: int) -> bool:
         """Whether this round proposes: False while speculative rounds of this batch size realise fewer
         tokens per second than plain steps (an explored speculative round keeps that evidence fresh,
         less often the longer it keeps losing), right after the first speculative round of a batch
-        size, and once every ``refresh_plain_every`` rounds to time a plain step."""
+        size, and once every ``refresh_plain_every`` rounds to time a plain step. A round it allows also
+        gets its verify-length cap (:meth:`choose_cap`)."""
+        proposing = self._guard(rows)
+        self._round_cap = self.choose_cap(rows.bit_length()) if proposing and rows >= self.min_rows and self.caps else None
+        return proposing
+
+    def _guard(self, rows: int) -> bool:
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
@@ -216,10 +260,16 @@ class GoodputVerifyLength:
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
         cost_model = self.cost_model or VerifyCostModel()
-        if self.ragged and rates.shape[0] > 1:
-            return ragged_verify_lens(rates, cost_model, self.max_verify_len)
-        length = goodput_verify_len(rates, cost_model, self.max_verify_len)
-        return torch.full((rates.shape[0],), length, dtype=torch.long)
+        rows, cap = rates.shape[0], self._round_cap
+        self._round_cap = None
+        if rows < self.min_rows:
+            cap = None
+        self._used_cap = (rows, cap)
+        limit = min((n for n in (self.max_verify_len, cap) if n is not None), default=None)
+        if self.ragged and rows > 1:
+            return ragged_verify_lens(rates, cost_model, limit)
+        length = goodput_verify_len(rates, cost_model, limit)
+        return torch.full((rows,), length, dtype=torch.long)
 
     def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
                proposed: bool | None = None) -> None:
@@ -255,6 +305,14 @@ class GoodputVerifyLength:
         sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
         sums[0] += tokens
         sums[1] += steps
+        used, self._used_cap = self._used_cap, None
+        if speculative and rows >= self.min_rows and self.caps and used is not None and used[0] == rows:
+            for key in [k for k in self.capped if k[0] == bucket]:  # every cap's evidence ages with the bucket's rounds
+                self.capped[key] = [self.decay * x for x in self.capped[key]]
+            filed = self.capped.setdefault((bucket, used[1]), [0.0, 0.0])
+            filed[0] += tokens
+            filed[1] += steps
+            self._cap_rounds[bucket] = self._cap_rounds.get(bucket, 0) + 1
         self._since[(bucket, speculative)] = 0
         self._since[(bucket, not speculative)] = self._since.get((bucket, not speculative), 0) + 1
 
