@@ -6,8 +6,8 @@ Public API:
 - ``AdaFlashCandidateGenerator``: the candidate generator transformers runs for an AdaFlash drafter.
 - ``generate(target, drafter, input_ids, attention_mask=None, **generation_kwargs)``: batched engine.
 - ``load_target(name_or_path, dtype=None, device=None)``: presets, local folders, GGUF files, Hub ids.
-- ``pack_linear_weights(model)``: prepacked oneDNN weights for a bf16 model on a CPU (same outputs, faster
-  forwards; ``load_target`` does it for you).
+- ``pack_linear_weights(model)``: prepacked oneDNN weights for a bf16 or fp32 model on a CPU (the same
+  outputs, faster forwards; ``load_target`` does it for you).
 - ``load_drafter(name_or_path, target, target_name=None)``: bundled drafters, folders, Hub ids, fresh.
 - ``AdaFlashLengthHead`` / ``load_length_head`` / ``LengthHeadVerifyLength``: the adaptive length head and
   the verify-length policy that reads it.

@@ -229,7 +229,7 @@ def run_bench(args: BenchArgs) -> int:
         mask = torch.ones_like(ids)
         if method == "target":
             return target.generate(ids, attention_mask=mask, **common)[0], None
-        if method == "target-stock":  # the same plain decoding through torch's stock bf16 linear kernels
+        if method == "target-stock":  # the same plain decoding through torch's stock linear kernels
             with stock_linear(target):
                 return target.generate(ids, attention_mask=mask, **common)[0], None
         if method.startswith("adaflash"):

@@ -1,19 +1,27 @@
-"""Prepacked oneDNN weights for bf16 linear layers on a CPU: the same outputs, a cheaper forward.
+"""Prepacked oneDNN weights for bf16 and fp32 linear layers on a CPU: a cheaper forward.
 
-torch's bf16 ``F.linear`` on a CPU hands oneDNN the weight in its plain (out, in) layout, and the
+bf16: torch's ``F.linear`` on a CPU hands oneDNN the weight in its plain (out, in) layout, and the
 kernel lays it out afresh for its blocking on every call. At decoding's shapes (a few tokens against
 every weight of the model) that is a large share of a step: SmolLM2-135M, bf16, 2 threads, one token
 42 -> 30 ms, sixteen tokens 76 -> 66 ms (``python results/session10/packed_forward.py``, no mask; through
 ``generate`` the gain is smaller, and ``adaflash bench`` times the stock kernels as ``target-stock`` beside
-the packed target's ``target``). Packing each
-weight once, as torch's own inductor does when it freezes a CPU graph, gives bit-identical outputs (the
-same kernel on the same numbers; ``tests/test_kernels.py`` checks whole models) and makes plain decoding
-and speculative rounds alike cheaper.
+the packed target's ``target``). Packing each weight once, as torch's own inductor does when it freezes a
+CPU graph, gives bit-identical outputs (the same kernel on the same numbers; ``tests/test_kernels.py``
+checks whole models) and makes plain decoding and speculative rounds alike cheaper.
 
-:func:`pack_linear_weights` swaps the class of every bf16 ``nn.Linear`` of a module for
+fp32: stock ``F.linear`` goes to MKL's sgemm, which on AMD CPUs without AVX-512 is slow for a few rows
+(SmolLM2's 49k-row lm_head: 12.4 ms for one token and 45 ms for sixteen against oneDNN's packed
+8.4 and 16.4 ms on a 2-core EPYC with AVX2; ``python results/session14/fp32_linear.py``). oneDNN's packed
+fp32 kernel computes the same products in another order: outputs agree to fp32 rounding (logits within
+1e-4 on SmolLM2), not bit for bit, with stock. Plain decoding and verification both run through the packed
+model, so speculative output still equals that model's own output.
+
+Both are packed only where the packed kernel measures faster on this CPU (:func:`packing_pays`).
+
+:func:`pack_linear_weights` swaps the class of every bf16 or fp32 ``nn.Linear`` of a module for
 :class:`PackedLinear` in place: parameters, state dict keys, tied weights and hooks stay as they were,
 and the packed copy is an extra attribute (one more copy of the linear weights in memory). A packed
-layer falls back to ``F.linear`` whenever packing cannot apply: autograd on, another dtype or device, or
+layer falls back to ``F.linear`` whenever packing cannot apply: autograd on, an input of another dtype, or
 a weight changed in place since it was packed (it repacks on the next no-grad call). A change made
 through ``weight.data`` bypasses torch's version counter: call :func:`pack_linear_weights` again after one.
 """
@@ -33,25 +41,28 @@ import torch.nn.functional as F
 logger = logging.getLogger(__name__)
 
 PACK_HINT = 16  # tokens per call oneDNN lays the weight out for (verification's typical width)
+PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
-@functools.lru_cache(maxsize=1)
-def packing_available() -> bool:
-    """Whether this torch build has oneDNN's bf16 linear ops (x86 CPUs with AVX512 or AMX)."""
+@functools.lru_cache(maxsize=None)
+def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this torch build has oneDNN's linear ops for ``dtype`` (bf16: x86 CPUs with AVX512 or AMX)."""
+    if dtype not in PACKED_DTYPES:
+        return False
     try:
-        ok = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        ok = torch.backends.mkldnn.is_available() and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
         if ok:
-            weight = torch.zeros(8, 8, dtype=torch.bfloat16)
+            weight = torch.zeros(8, 8, dtype=dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT)
-            torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 8, dtype=torch.bfloat16), packed, None, "none", [], "")
+            torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 8, dtype=dtype), packed, None, "none", [], "")
         return bool(ok)
     except (AttributeError, RuntimeError, NotImplementedError) as err:
-        logger.info("packed bf16 linear weights unavailable: %s", err)
+        logger.info("packed %s linear weights unavailable: %s", dtype, err)
         return False
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """(out, in) bf16 CPU weight -> oneDNN's blocked copy of it, for :func:`packed_linear`."""
+    """(out, in) bf16 or fp32 CPU weight -> oneDNN's blocked copy of it, for :func:`packed_linear`."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_HINT)
 
 
@@ -61,16 +72,16 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+    return weight.dtype in PACKED_DTYPES and weight.device.type == "cpu" and weight.dim() == 2
 
 
 def use_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a packed copy of ``weight`` may serve this call (no autograd, bf16 on the CPU)."""
-    return not torch.is_grad_enabled() and x.dtype == torch.bfloat16 and x.device.type == "cpu" and can_pack(weight)
+    """Whether a packed copy of ``weight`` may serve this call (no autograd, bf16 or fp32 on the CPU, input of the weight's dtype)."""
+    return not torch.is_grad_enabled() and x.dtype == weight.dtype and x.device.type == "cpu" and can_pack(weight)
 
 
 class PackedLinear(torch.nn.Linear):
-    """An ``nn.Linear`` that also keeps a oneDNN-packed copy of its bf16 weight (made by :func:`pack_linear_weights`)."""
+    """An ``nn.Linear`` that also keeps a oneDNN-packed copy of its weight (made by :func:`pack_linear_weights`)."""
 
     packed: torch.Tensor | None
     packed_from: tuple[int, int] | None  # (data_ptr, version) of the weight the copy was made from
@@ -121,31 +132,35 @@ def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool
         stock = median_ms(lambda x=x: F.linear(x, weight))
         fast = median_ms(lambda x=x: packed_linear(x, packed, None))
         if fast > 0.95 * stock:
-            logger.info("packed bf16 linear not faster here (%d tokens: %.3f ms vs %.3f ms)", n, fast, stock)
+            logger.info("packed " + str(weight.dtype) + " linear not faster here (%d tokens: %.3f ms vs %.3f ms)", n, fast, stock)
             return False
     return True
 
 
 def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int:
-    """Pack every bf16 CPU ``nn.Linear`` of ``model`` in place (see the module docstring); returns how many.
+    """Pack every bf16 and fp32 CPU ``nn.Linear`` of ``model`` in place (see the module docstring); returns how many.
 
-    Nothing happens (0) where the ops are missing, no layer is bf16 on the CPU, or, with ``check_speed``,
-    the packed kernel does not measure faster on the model's largest linear weight. Calling it again repacks.
+    Layers of each dtype are packed together, or not at all: nothing happens to them where the ops are
+    missing or, with ``check_speed``, the packed kernel does not measure faster on the largest weight of
+    that dtype. Calling it again repacks.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"pack_linear_weights takes a torch.nn.Module (a loaded model), got {type(model).__name__}.")
-    layers = [m for m in _linears(model) if can_pack(m.weight)]
-    if not layers or not packing_available():
-        return 0
-    if check_speed and not packing_pays(max((m.weight for m in layers), key=torch.Tensor.numel)):
-        return 0
-    for layer in layers:
-        if not isinstance(layer, PackedLinear):
-            layer.__class__ = PackedLinear
-        layer.packed, layer.packed_from, layer.packed_enabled = None, None, True  # (re)pack from the current weight
-        layer._fresh_packed()
-    logger.info("packed %d bf16 linear weights for oneDNN", len(layers))
-    return len(layers)
+    count = 0
+    for dtype in PACKED_DTYPES:
+        layers = [m for m in _linears(model) if can_pack(m.weight) and m.weight.dtype == dtype]
+        if not layers or not packing_available(dtype):
+            continue
+        if check_speed and not packing_pays(max((m.weight for m in layers), key=torch.Tensor.numel)):
+            continue
+        for layer in layers:
+            if not isinstance(layer, PackedLinear):
+                layer.__class__ = PackedLinear
+            layer.packed, layer.packed_from, layer.packed_enabled = None, None, True  # (re)pack from the current weight
+            layer._fresh_packed()
+        logger.info("packed %d %s linear weights for oneDNN", len(layers), dtype)
+        count += len(layers)
+    return count
 
 
 def unpack_linear_weights(model: torch.nn.Module) -> int:

@@ -131,9 +131,9 @@ def load_target(
 
     ``name_or_path`` is a key of `PRESETS`, a local transformers folder, a local ``.gguf`` file
     (dequantized on every load) or a Hub id ``owner/name``. ``dtype``: a torch dtype, a name (bf16,
-    fp16, fp32) or ``None`` / ``"auto"`` (see :func:`resolve_dtype`). ``pack_weights``: in bf16 on a
-    CPU, prepack the linear weights for oneDNN where that measures faster (bit-identical outputs,
-    one more copy of the weights; :func:`adaflash_hf.kernels.pack_linear_weights`).
+    fp16, fp32) or ``None`` / ``"auto"`` (see :func:`resolve_dtype`). ``pack_weights``: in bf16 or
+    fp32 on a CPU, prepack the linear weights for oneDNN where that measures faster (bf16: bit-identical
+    outputs; fp32: equal to rounding; one more copy of the weights; :func:`adaflash_hf.kernels.pack_linear_weights`).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
