@@ -16,7 +16,9 @@ fp32 kernel computes the same products in another order: outputs agree to fp32 r
 1e-4 on SmolLM2), not bit for bit, with stock. Plain decoding and verification both run through the packed
 model, so speculative output still equals that model's own output.
 
-Both are packed only where the packed kernel measures faster on this CPU (:func:`packing_pays`).
+Both are packed only where the packed kernel measures faster on this CPU (:func:`packing_pays`) and
+the packed copy fits in half of the memory still available (:func:`memory_allows`): a 7B fp32 model
+would need another 28 GB.
 
 :func:`pack_linear_weights` swaps the class of every bf16 or fp32 ``nn.Linear`` of a module for
 :class:`PackedLinear` in place: parameters, state dict keys, tied weights and hooks stay as they were,
@@ -137,12 +139,30 @@ def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool
     return True
 
 
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_allows(extra_bytes: int) -> bool:
+    """Whether one more copy of ``extra_bytes`` fits in half of the memory still available (unknown: yes)."""
+    available = available_memory_bytes()
+    return available is None or extra_bytes <= available // 2
+
+
 def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int:
     """Pack every bf16 and fp32 CPU ``nn.Linear`` of ``model`` in place (see the module docstring); returns how many.
 
     Layers of each dtype are packed together, or not at all: nothing happens to them where the ops are
-    missing or, with ``check_speed``, the packed kernel does not measure faster on the largest weight of
-    that dtype. Calling it again repacks.
+    missing, where their packed copy would not fit in half of the available memory or, with ``check_speed``,
+    where the packed kernel does not measure faster on the largest weight of that dtype. Calling it again repacks.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"pack_linear_weights takes a torch.nn.Module (a loaded model), got {type(model).__name__}.")
@@ -150,6 +170,12 @@ def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int
     for dtype in PACKED_DTYPES:
         layers = [m for m in _linears(model) if can_pack(m.weight) and m.weight.dtype == dtype]
         if not layers or not packing_available(dtype):
+            continue
+        new_bytes = sum(m.weight.nbytes for m in layers if not isinstance(m, PackedLinear) or m.packed is None)
+        if not memory_allows(new_bytes):
+            logger.warning("not packing %d %s linear weights: their packed copy (%.1f GB) would not fit in half of "
+                           "the available memory (%.1f GB); forwards use the stock kernels", len(layers), dtype,
+                           new_bytes / 1e9, (available_memory_bytes() or 0) / 1e9)
             continue
         if check_speed and not packing_pays(max((m.weight for m in layers), key=torch.Tensor.numel)):
             continue

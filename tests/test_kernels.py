@@ -120,6 +120,18 @@ def test_a_layer_moved_to_fp32_repacks_from_its_fp32_weight():
         assert torch.equal(layer(x.double()), torch.nn.functional.linear(x.double(), layer.weight, layer.bias))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_packing_where_the_copy_would_not_fit_in_memory(dtype, monkeypatch, caplog):
+    import adaflash_hf.kernels as kernels
+
+    model = tiny_target("llama").to(dtype)
+    monkeypatch.setattr(kernels, "available_memory_bytes", lambda: 1000)
+    assert pack_linear_weights(model, check_speed=False) == 0 and not is_packed(model)
+    assert "would not fit in half of the available memory" in caplog.text
+    monkeypatch.setattr(kernels, "available_memory_bytes", lambda: None)  # unknown: pack
+    assert pack_linear_weights(model, check_speed=False) > 0
+
+
 @BF16
 def test_in_place_weight_change_repacks():
     layer = torch.nn.Linear(16, 8, bias=False).to(torch.bfloat16)

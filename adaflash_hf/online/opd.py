@@ -46,7 +46,7 @@ from ..modeling_adaflash import AdaFlashDrafter
 from ..training.anchors import block_labels, sample_anchors
 from ..training.data import IGNORE_INDEX
 from ..training.losses import default_gamma, opd_topk_loss, position_weights
-from ..training.step import acceptance_counts, block_hidden_states, draft_logits, to_draft_ids, to_target_ids
+from ..training.step import acceptance_counts, block_hidden_states, compute_autocast, draft_logits, to_draft_ids, to_target_ids
 from .adapters import AdapterSlot, LoraSettings, adapter_state, attach_lora, publish_adapter
 from .configs import OPDConfig
 from .trajectories import (
@@ -440,8 +440,10 @@ class AdaFlashOPD:
         return float(loss.detach())
 
     def _autocast(self):
-        """bf16 compute for the fp32 LoRA copy, as in offline training (the target's weights stay as they are)."""
-        return torch.autocast(next(self.target.parameters()).device.type, dtype=torch.bfloat16)
+        """bf16 compute for the fp32 LoRA copy where bf16 is the faster dtype, as in offline training (the
+        target's weights stay as they are)."""
+        weight = next(self.target.parameters())
+        return compute_autocast(weight.device, weight.dtype)
 
     def _loss(self, model, batch: list[Trajectory], with_grad: bool, num_anchors: int | None = None):
         """OPD loss and teacher-forced (accepted (N,), predictions, labels) over a batch of trajectories."""
@@ -451,6 +453,7 @@ class AdaFlashOPD:
         gamma = cfg.gamma or default_gamma(block_size)
         device = next(self.target.parameters()).device
         tokens, context, label_mask, labels, teacher_ids, teacher_lp, rejected = _collate(batch, device)
+        context = context.to(next(model.parameters()).dtype)  # stored as bf16; exact in fp32, and autocast casts back where it runs
         anchors, valid = sample_anchors(label_mask, num_anchors or cfg.num_anchors, self._generator)
         block_lab = block_labels(labels, label_mask, anchors, valid, block_size, input_ids=tokens)[:, :, :num_positions]  # (b, A, K)
         keep = block_lab != IGNORE_INDEX

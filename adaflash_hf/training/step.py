@@ -9,6 +9,7 @@ KL); :func:`acceptance_counts` turns predictions into teacher-forced acceptance.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +18,21 @@ from accelerate.utils import extract_model_from_parallel
 from transformers import PreTrainedModel
 
 from ..modeling_adaflash import AdaFlashDrafter
+from ..targets import resolve_dtype
 from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids
 from .data import IGNORE_INDEX, Batch, TargetFeatures
 from .losses import decayed_cross_entropy, decayed_forward_kl
+
+
+def compute_autocast(device: torch.device | str, target_dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """The training forward's precision: bf16 autocast where bf16 compute is the faster choice (CUDA, or a CPU
+    whose bf16 matmuls measure faster: AMX or AVX512-BF16, :func:`adaflash_hf.targets.resolve_dtype`) or where
+    the target's features are not fp32 anyway; plain fp32 (a no-op context) for an fp32 target on a CPU that
+    emulates bf16 (AVX2 only), where autocast would make every step slower."""
+    device = torch.device(device)
+    if target_dtype != torch.float32 or resolve_dtype("auto", device) == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def block_hidden_states(

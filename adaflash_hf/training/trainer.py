@@ -3,7 +3,7 @@
 One step: target forward over a batch (context features + greedy labels) -> sample anchors ->
 drafter forward over all blocks at once -> target lm_head on the supervised block positions ->
 position-decayed cross-entropy -> AdamW. The loop runs under `accelerate.Accelerator`, so the same
-code runs on several GPUs; on CPU it is a thin wrapper and compute runs under bf16 autocast.
+code runs on several GPUs; on CPU it is a thin wrapper and compute runs under bf16 autocast where bf16 is the faster dtype (fp32 elsewhere).
 
 Everything a run produces lives in ``output_dir``: ``data/`` (cached self-generated sequences, or
 ``data_dir`` to share them between runs),
@@ -41,7 +41,7 @@ from .data import (
     target_features,
 )
 from .losses import position_weights
-from .step import acceptance_counts, drafter_block_forward
+from .step import acceptance_counts, compute_autocast, drafter_block_forward
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     weights = position_weights(config.block_size, config.gamma, config.loss_positions)
 
     def autocast():
-        return torch.autocast(accelerator.device.type, dtype=torch.bfloat16)
+        return compute_autocast(accelerator.device, target.dtype)
 
     metrics_path = output_dir / "metrics.jsonl"
     metrics = metrics_path.open("a")
