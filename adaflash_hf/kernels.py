@@ -10,8 +10,8 @@ CPU graph, gives bit-identical outputs (the same kernel on the same numbers; ``t
 checks whole models) and makes plain decoding and speculative rounds alike cheaper.
 
 fp32: stock ``F.linear`` goes to MKL's sgemm, which on AMD CPUs without AVX-512 is slow for a few rows
-(SmolLM2's 49k-row lm_head: 12.4 ms for one token and 45 ms for sixteen against oneDNN's packed
-8.4 and 16.4 ms on a 2-core EPYC with AVX2; ``python results/session14/fp32_linear.py``). oneDNN's packed
+(SmolLM2's 49k-row lm_head: 12.6 ms for one token and 32.1 ms for sixteen against oneDNN's packed
+6.2 and 12.8 ms on a 2-core Zen 2 EPYC with AVX2; ``python results/session14/fp32_linear.py``). oneDNN's packed
 fp32 kernel computes the same products in another order: outputs agree to fp32 rounding (logits within
 1e-4 on SmolLM2), not bit for bit, with stock. Plain decoding and verification both run through the packed
 model, so speculative output still equals that model's own output.
@@ -134,7 +134,7 @@ def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool
         stock = median_ms(lambda x=x: F.linear(x, weight))
         fast = median_ms(lambda x=x: packed_linear(x, packed, None))
         if fast > 0.95 * stock:
-            logger.info("packed " + str(weight.dtype) + " linear not faster here (%d tokens: %.3f ms vs %.3f ms)", n, fast, stock)
+            logger.info("packed %s linear not faster here (%d tokens: %.3f ms vs %.3f ms)", weight.dtype, n, fast, stock)
             return False
     return True
 
