@@ -46,7 +46,7 @@ PACK_HINT = 16  # tokens per call oneDNN lays the weight out for (verification's
 PACKED_DTYPES = (torch.bfloat16, torch.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this torch build has oneDNN's linear ops for ``dtype`` (bf16: x86 CPUs with AVX512 or AMX)."""
     if dtype not in PACKED_DTYPES:

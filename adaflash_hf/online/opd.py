@@ -46,7 +46,14 @@ from ..modeling_adaflash import AdaFlashDrafter
 from ..training.anchors import block_labels, sample_anchors
 from ..training.data import IGNORE_INDEX
 from ..training.losses import default_gamma, opd_topk_loss, position_weights
-from ..training.step import acceptance_counts, block_hidden_states, compute_autocast, draft_logits, to_draft_ids, to_target_ids
+from ..training.step import (
+    acceptance_counts,
+    block_hidden_states,
+    compute_autocast,
+    draft_logits,
+    to_draft_ids,
+    to_target_ids,
+)
 from .adapters import AdapterSlot, LoraSettings, adapter_state, attach_lora, publish_adapter
 from .configs import OPDConfig
 from .trajectories import (

@@ -17,7 +17,7 @@ for out_features, in_features in [(1536, 576), (576, 1536), (49152, 576)]:
     row = {}
     for k in (1, 2, 4, 8, 16):
         x = torch.randn(1, k, in_features)
-        stock = median_ms(lambda: F.linear(x, weight), repeats=21)
-        fast = median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats=21)
+        stock = median_ms(lambda x=x, weight=weight: F.linear(x, weight), repeats=21)
+        fast = median_ms(lambda x=x, packed=packed: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats=21)
         row[k] = (round(stock, 3), round(fast, 3))
     print((out_features, in_features), "stock vs packed ms by tokens:", row)
