@@ -13,11 +13,11 @@ fp32: stock ``F.linear`` goes to MKL's sgemm, which on AMD CPUs without AVX-512 
 (SmolLM2's 49k-row lm_head: 12.6 ms for one token and 32.1 ms for sixteen against oneDNN's packed
 6.2 and 12.8 ms on a 2-core Zen 2 EPYC with AVX2; ``python results/session14/fp32_linear.py``). oneDNN's packed
 fp32 kernel computes the same products in another order: outputs agree to fp32 rounding (logits within
-1e-4 on SmolLM2), not bit for bit, with stock. Plain decoding and verification both run through the packed
+1e-4 on SmolLM2; ``python results/session14/packed_fp32_logits.py``), not bit for bit, with stock. Plain decoding and verification both run through the packed
 model, so speculative output still equals that model's own output.
 
 Both are packed only where the packed kernel measures faster on this CPU (:func:`packing_pays`) and
-the packed copy fits in half of the memory still available (:func:`memory_allows`): a 7B fp32 model
+the packed copy fits in half of the memory still available (:func:`available_memory_bytes`): a 7B fp32 model
 would need another 28 GB.
 
 :func:`pack_linear_weights` swaps the class of every bf16 or fp32 ``nn.Linear`` of a module for
@@ -151,12 +151,6 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def memory_allows(extra_bytes: int) -> bool:
-    """Whether one more copy of ``extra_bytes`` fits in half of the memory still available (unknown: yes)."""
-    available = available_memory_bytes()
-    return available is None or extra_bytes <= available // 2
-
-
 def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int:
     """Pack every bf16 and fp32 CPU ``nn.Linear`` of ``model`` in place (see the module docstring); returns how many.
 
@@ -172,10 +166,11 @@ def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int
         if not layers or not packing_available(dtype):
             continue
         new_bytes = sum(m.weight.nbytes for m in layers if not isinstance(m, PackedLinear) or m.packed is None)
-        if not memory_allows(new_bytes):
+        available = available_memory_bytes()
+        if available is not None and new_bytes > available // 2:
             logger.warning("not packing %d %s linear weights: their packed copy (%.1f GB) would not fit in half of "
                            "the available memory (%.1f GB); forwards use the stock kernels", len(layers), dtype,
-                           new_bytes / 1e9, (available_memory_bytes() or 0) / 1e9)
+                           new_bytes / 1e9, available / 1e9)
             continue
         if check_speed and not packing_pays(max((m.weight for m in layers), key=torch.Tensor.numel)):
             continue
