@@ -26,6 +26,7 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 MIN_TRANSFORMERS = Version("5.23.0")
@@ -111,9 +112,87 @@ class RaggedLayout:
 _RAGGED: contextvars.ContextVar[RaggedLayout | None] = contextvars.ContextVar("adaflash_ragged", default=None)
 
 
+class GrowingLayer(DynamicLayer):
+    """A :class:`~transformers.DynamicLayer` whose keys and values live in buffers with spare room along the
+    sequence: ``update`` writes the new tokens in place and ``crop`` only shortens the valid length.
+
+    transformers' DynamicLayer concatenates at every update, a copy of the layer's whole cache per forward:
+    for 16 rows over 400 cached tokens that copy took about half of a SmolLM2 decode step on a 2-core CPU
+    (``results/session15/cache_growth.py``). Here a buffer is copied only when it runs out of room, and
+    then grows by a quarter (at least ``spare`` slots). ``keys`` and ``values`` read as views of the valid
+    length (so code written against DynamicLayer works unchanged); assigning a tensor to them makes it the
+    new buffer (no spare room until the next growth).
+    """
+
+    spare = 64
+
+    def __init__(self, **kwargs):
+        self._keys = self._values = None
+        self._lengths = [0, 0]  # valid slots of the keys' and the values' buffer (assigned one after the other)
+        super().__init__(**kwargs)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self._lengths[0]]
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._keys = tensor
+        self._lengths[0] = _seq_length(tensor)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, : self._lengths[1]]
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._values = tensor
+        self._lengths[1] = _seq_length(tensor)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = self.values = None
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self._lengths[0]
+        end = start + key_states.shape[-2]
+        if self._keys is None or end > min(self._keys.shape[-2], self._values.shape[-2]):
+            capacity = end + max(self.spare, end // 4)
+            self._keys, self._values = self._grown(self.keys, key_states, capacity), self._grown(self.values, value_states, capacity)
+        self._keys[:, :, start:end] = key_states
+        self._values[:, :, start:end] = value_states
+        self._lengths = [end, end]
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(old: torch.Tensor | None, new: torch.Tensor, capacity: int) -> torch.Tensor:
+        b, h, _, d = new.shape
+        buffer = new.new_empty((b, h, capacity, d))
+        if old is not None and old.shape[-2]:
+            buffer[:, :, : old.shape[-2]] = old
+        return buffer
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove.")
+        if self.is_initialized:
+            self._lengths = [max(0, n + tokens_to_remove) for n in self._lengths]
+
+
+def _seq_length(tensor: torch.Tensor | None) -> int:
+    return tensor.shape[-2] if tensor is not None and tensor.dim() == 4 else 0
+
+
 class RaggedCache(DynamicCache):
-    """A DynamicCache that takes a ragged verification's packed keys and values (inside
-    :func:`ragged_forward`) and stores them in the padded (b, heads, W, d) layout; otherwise a DynamicCache."""
+    """The engine's target cache: :class:`GrowingLayer` layers (in-place updates), and, inside
+    :func:`ragged_forward`, a ragged verification's packed keys and values stored in the padded
+    (b, heads, W, d) layout."""
+
+    def __init__(self):
+        Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         layout = _RAGGED.get()

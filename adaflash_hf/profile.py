@@ -54,11 +54,10 @@ class ProfileArgs:
 def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: int = 9) -> dict[int, float]:
     """Median milliseconds of one cached target forward with k new tokens after ``input_ids``."""
     import torch
-    from transformers import DynamicCache
 
-    from ._compat import CACHE_KWARG
+    from ._compat import CACHE_KWARG, RaggedCache
 
-    cache = DynamicCache()
+    cache = RaggedCache()  # the engine's cache: timings include what its updates cost
     with torch.inference_mode():
         target(input_ids=input_ids, use_cache=True, **{CACHE_KWARG: cache})
         result = {}

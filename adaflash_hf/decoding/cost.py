@@ -163,16 +163,14 @@ class VerifyCostModel:
         Returns {(rows, width): seconds}; every shape goes into ``batch_seconds`` and width 1 into
         ``row_seconds``.
         """
-        from transformers import DynamicCache
-
-        from .._compat import CACHE_KWARG
+        from .._compat import CACHE_KWARG, RaggedCache
 
         device = next(target.parameters()).device
         vocab = target.get_input_embeddings().weight.shape[0]
         generator = torch.Generator().manual_seed(0)
         measured = {}
         for rows in row_counts:
-            cache = DynamicCache()
+            cache = RaggedCache()  # the engine's cache: timings include what its updates cost
             target(input_ids=torch.randint(0, vocab, (rows, context), generator=generator).to(device), use_cache=True,
                    **{CACHE_KWARG: cache})
             for width in widths:
@@ -196,9 +194,7 @@ class VerifyCostModel:
         Rows of a real batch are separate sequences, but the cost of a forward on a CPU or GPU is
         driven by the number of new tokens; one row of n tokens measures it. Returns {count: seconds}.
         """
-        from transformers import DynamicCache
-
-        from .._compat import CACHE_KWARG
+        from .._compat import CACHE_KWARG, RaggedCache
 
         device = next(target.parameters()).device
         vocab = target.get_input_embeddings().weight.shape[0]
@@ -206,7 +202,7 @@ class VerifyCostModel:
         prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
         measured = {}
         for n in token_counts:
-            cache = DynamicCache()
+            cache = RaggedCache()  # the engine's cache: timings include what its updates cost
             target(input_ids=prefix, use_cache=True, **{CACHE_KWARG: cache})
             ids = torch.randint(0, vocab, (1, n), generator=generator).to(device)
             best = float("inf")
