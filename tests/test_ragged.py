@@ -10,6 +10,7 @@ from adaflash_hf._compat import CACHE_KWARG, RaggedCache, RaggedLayout, ragged_f
 from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.policy import MIN_GAIN, ragged_verify_lens
+from adaflash_hf.decoding.state import SpeculativeBatch
 from adaflash_hf.decoding.tree import tree_attention_mask
 
 from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
@@ -76,17 +77,56 @@ class CyclingVerifyLength:
         pass
 
 
+class RaggedCalls(list):
+    """Packed token counts of ragged verification forwards; ``prefills``: those of ragged prefills."""
+
+    def __init__(self):
+        super().__init__()
+        self.prefills: list[int] = []
+
+
 @pytest.fixture
 def ragged_calls(monkeypatch):
-    """The packed token counts of the engine's ragged forwards."""
-    used, real = [], state_module.ragged_forward
+    """The packed token counts of the engine's ragged forwards (verifications; prefills apart)."""
+    used, real, prefill = RaggedCalls(), state_module.ragged_forward, SpeculativeBatch._prefill
+    prefilling = []
 
     def counting(layout):
-        used.append(layout.num_tokens)
+        (used.prefills if prefilling else used).append(layout.num_tokens)
         return real(layout)
 
+    def marked_prefill(self, prompts):
+        prefilling.append(True)
+        try:
+            return prefill(self, prompts)
+        finally:
+            prefilling.pop()
+
     monkeypatch.setattr(state_module, "ragged_forward", counting)
+    monkeypatch.setattr(SpeculativeBatch, "_prefill", marked_prefill)
     return used
+
+
+def test_prompts_of_different_lengths_prefill_packed_as_the_padded_prefill_would(target, drafter, ragged_calls):
+    prompts = random_prompts((3, 9, 5, 12), seed=5)
+    results = []
+    for ragged in (False, True):
+        batch = SpeculativeBatch(target, drafter, drafting_state=DraftingState())
+        batch.ragged = ragged
+        with torch.inference_mode():
+            results.append(batch._prefill(prompts))
+    assert ragged_calls.prefills == [sum(map(len, prompts))]  # only the second ran packed, every real token once
+    (cache, mask, positions, logits, features), (cache_r, mask_r, positions_r, logits_r, features_r) = results
+    assert torch.equal(mask, mask_r) and torch.equal(positions, positions_r)
+    torch.testing.assert_close(logits_r, logits)
+    valid = mask.bool()  # left padding: holes in either cache, zeros in the packed run's features
+    torch.testing.assert_close(features_r[valid], features[valid])
+    assert not features_r[~valid].any()
+    for layer, layer_r in zip(cache.layers, cache_r.layers):
+        for name in ("keys", "values"):
+            padded, packed = (getattr(x, name).transpose(1, 2) for x in (layer, layer_r))  # (b, S, heads, d)
+            assert packed.shape == padded.shape
+            torch.testing.assert_close(packed[valid], padded[valid])
 
 
 def test_engine_verifies_ragged_rows_and_stays_lossless(target, drafter, ragged_calls):

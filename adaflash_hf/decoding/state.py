@@ -251,7 +251,7 @@ class SpeculativeBatch:
         self.ids: list[Hashable] = []
         self.specs: dict[Hashable, RowSpec] = {}
         self.num_new: dict[Hashable, int] = {}
-        self.target_cache, self.draft_cache = RaggedCache(), DynamicCache()
+        self.target_cache, self.draft_cache = RaggedCache(), RaggedCache()
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, S) 1 where a slot holds a token
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
         self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
@@ -284,33 +284,64 @@ class SpeculativeBatch:
             if spec.max_new_tokens < 1 or not len(spec.prompt_ids):
                 raise ValueError(f"row {spec.row_id!r}: needs a non-empty prompt and max_new_tokens >= 1.")
         start = timer(self.device)
-        width = max(len(s.prompt_ids) for s in specs)
-        input_ids = torch.zeros(len(specs), width, dtype=torch.long, device=self.device)
-        attention_mask = torch.zeros_like(input_ids)
-        for i, spec in enumerate(specs):
-            input_ids[i, width - len(spec.prompt_ids):] = torch.as_tensor(list(spec.prompt_ids), dtype=torch.long)
-            attention_mask[i, width - len(spec.prompt_ids):] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-        cache = RaggedCache()
-        with sdpa_gqa(self.device, width):
-            out = self.target(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True, **{CACHE_KWARG: cache},
-            )
-        first = self._choose(out.logits[:, -1], [s.params for s in specs])
-        pending = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
+        cache, attention_mask, position_ids, last_logits, pending = self._prefill([list(s.prompt_ids) for s in specs])
+        first = self._choose(last_logits, [s.params for s in specs])
         self._merge(specs, cache, attention_mask, position_ids[:, -1] + 1, first, pending, position_ids)
         seconds = timer(self.device) - start
         self.prefill_time += seconds
         for spec in specs:
             self.proposer.add_row(spec.row_id, list(spec.prompt_ids))
         if self.observer is not None:
+            width = attention_mask.shape[1]
             for i, (spec, token) in enumerate(zip(specs, first.tolist())):
                 features = None if pending is None else pending[i, width - len(spec.prompt_ids):]
-                self.observer.on_prefill(spec.row_id, spec.prompt_ids, features, out.logits[i, -1], token)
+                self.observer.on_prefill(spec.row_id, spec.prompt_ids, features, last_logits[i], token)
         updates = self._emit([s.row_id for s in specs], [[t] for t in first.tolist()], ["prefill"] * len(specs))
         self._drop_finished(updates)
         return updates
+
+    def _prefill(self, prompts: list[list[int]]):
+        """One target forward over new prompts -> (cache, mask, position ids, last logits (b, V), features or None).
+
+        The cache, the 0/1 mask, the positions and the drafter's context features (b, W, n*H) come laid out
+        left-padded (each prompt right-aligned in W slots). Prompts of different lengths run ragged where the
+        target allows it (:func:`ragged_forward`): packed into one row, so the linear layers see only real
+        tokens instead of a burst of joiners padded to the longest; the cache is then right-aligned.
+        """
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        width = int(lengths.max())
+        columns = torch.arange(width, device=self.device)
+        offsets = width - lengths  # (b,) left padding of each row
+        mask = (columns[None] >= offsets[:, None]).long()  # (b, W) left-padded
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        ragged = self.ragged and len(prompts) > 1 and int(lengths.sum()) < len(prompts) * width
+        cache = RaggedCache()
+        if not ragged:
+            input_ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
+            for i, prompt in enumerate(prompts):
+                input_ids[i, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.long)
+            with sdpa_gqa(self.device, width):
+                out = self.target(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                  output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True,
+                                  **{CACHE_KWARG: cache})
+            features = context_features(out.hidden_states, self.layer_ids) if self.use_drafter else None
+            return cache, mask, positions, out.logits[:, -1], features
+        layout = RaggedLayout.from_lengths(lengths, width)  # right-padded: row i's tokens in columns [0, len_i)
+        tokens = torch.cat([torch.as_tensor(p, dtype=torch.long, device=self.device) for p in prompts])[None]  # (1, T), row-major
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()  # padded keys come after every real query
+        bias = torch.zeros(width, width, dtype=self.target.dtype, device=self.device).masked_fill(~causal, torch.finfo(self.target.dtype).min)
+        with sdpa_gqa(self.device, width), ragged_forward(layout):
+            out = self.target(input_ids=tokens, position_ids=layout.pack(columns[None].expand(len(prompts), -1)),
+                              attention_mask=bias[None, None].expand(len(prompts), 1, -1, -1),
+                              output_hidden_states=self.hidden_request, logits_to_keep=lengths.cumsum(0) - 1,
+                              use_cache=True, **{CACHE_KWARG: cache})
+        right_aligned = columns[None] - offsets[:, None]  # (b, W): left-padded slot j holds right-padded slot j - offset
+        relayout_cache(cache, right_aligned.masked_fill(right_aligned < 0, -1))
+        features = None
+        if self.use_drafter:
+            packed = context_features(out.hidden_states, self.layer_ids)  # (1, T, n*H)
+            features = _take_rows(layout.unpack(packed), right_aligned)
+        return cache, mask, positions, out.logits[0], features
 
     def _merge(self, specs, cache, mask, next_pos, last_token, pending, pending_pos) -> None:
         for spec in specs:
@@ -318,7 +349,7 @@ class SpeculativeBatch:
             self.num_new[spec.row_id] = 0
         if not self.ids:
             self.ids = [s.row_id for s in specs]
-            self.target_cache, self.draft_cache = cache, DynamicCache()
+            self.target_cache, self.draft_cache = cache, RaggedCache()
             self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
             self.draft_mask = self.slot_mask.new_zeros(len(specs), 0)
             self.pending = PendingContext() if self.use_drafter else None
@@ -603,6 +634,12 @@ class SpeculativeBatch:
 def _take(mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Re-lay a (b, S) mask like :func:`relayout_cache`: index -1 gives 0."""
     return mask.gather(1, index.clamp_min(0)).masked_fill(index < 0, 0)
+
+
+def _take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(b, S, ...) -> (b, S', ...) with ``new[i, j] = x[i, index[i, j]]``; index -1 gives zeros."""
+    gathered = x[torch.arange(x.shape[0], device=x.device)[:, None], index.clamp_min(0)]
+    return gathered.masked_fill((index < 0).view(*index.shape, *([1] * (x.dim() - 2))), 0)
 
 
 def _initialized(cache: DynamicCache) -> bool:
