@@ -12,6 +12,9 @@ adaflash-hf supports transformers 5.23 and 5.24. Differences it has to bridge:
   do: a 4-D ``attention_mask`` reaches the attention function untouched, ``DynamicCache.update``
   is called with the layer's new keys and values before attention, and attention functions are
   looked up by name in ``ALL_ATTENTION_FUNCTIONS`` at each call (a local override of ``"sdpa"``).
+- The engine's cache (:class:`GrowingLayer` in a :class:`RaggedCache`) subclasses ``DynamicLayer``: it relies on
+  ``Cache(layer_class_to_replicate=...)``, on layers exposing ``keys``/``values`` (b, heads, S, d) and
+  ``is_initialized``, and on ``crop`` taking a negative count, as in both versions.
 """
 
 from __future__ import annotations
