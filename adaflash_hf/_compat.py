@@ -190,8 +190,8 @@ def _seq_length(tensor: torch.Tensor | None) -> int:
 
 
 class RaggedCache(DynamicCache):
-    """The engine's target cache: :class:`GrowingLayer` layers (in-place updates), and, inside
-    :func:`ragged_forward`, a ragged verification's packed keys and values stored in the padded
+    """The engine's cache (the target's and the drafter's): :class:`GrowingLayer` layers (in-place updates),
+    and, inside :func:`ragged_forward`, a ragged forward's packed keys and values stored in the padded
     (b, heads, W, d) layout."""
 
     def __init__(self):
