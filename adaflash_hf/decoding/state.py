@@ -340,7 +340,7 @@ class SpeculativeBatch:
         features = None
         if self.use_drafter:
             packed = context_features(out.hidden_states, self.layer_ids)  # (1, T, n*H)
-            features = _take_rows(layout.unpack(packed), right_aligned)
+            features = _take(layout.unpack(packed), right_aligned)
         return cache, mask, positions, out.logits[0], features
 
     def _merge(self, specs, cache, mask, next_pos, last_token, pending, pending_pos) -> None:
@@ -631,13 +631,9 @@ class SpeculativeBatch:
         self.drop_rows([u.row_id for u in updates if u.finish_reason is not None])
 
 
-def _take(mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Re-lay a (b, S) mask like :func:`relayout_cache`: index -1 gives 0."""
-    return mask.gather(1, index.clamp_min(0)).masked_fill(index < 0, 0)
-
-
-def _take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """(b, S, ...) -> (b, S', ...) with ``new[i, j] = x[i, index[i, j]]``; index -1 gives zeros."""
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Re-lay a (b, S, ...) mask or feature tensor like :func:`relayout_cache`: ``new[i, j] = x[i, index[i, j]]``,
+    index -1 gives zeros."""
     gathered = x[torch.arange(x.shape[0], device=x.device)[:, None], index.clamp_min(0)]
     return gathered.masked_fill((index < 0).view(*index.shape, *([1] * (x.dim() - 2))), 0)
 
