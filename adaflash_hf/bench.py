@@ -61,6 +61,7 @@ class BenchArgs:
     plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
     concurrency: str = field(default="", metadata={"help": "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash (default: plain,adaflash@16,adaflash@4,adaflash)."})
     requests: int = field(default=0, metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 16)."})
+    repeats: int = field(default=1, metadata={"help": "With --concurrency: measured passes per method and level, the methods interleaved in each (throughput: all passes' tokens over their time; latencies pooled)."})
     quality: bool = field(default=False, metadata={"help": "Task results instead of speed: GSM8K exact match and HumanEval pass@1 of the target decoded plainly and with AdaFlash (greedy, same held-out problems and batches), with token-identical outputs and a paired McNemar test, to show that bf16 near-ties leave results unchanged. Uses --target, --drafter, --dtype, --num-threads and --json."})
     quality_problems: int = field(default=40, metadata={"help": "With --quality: held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."})
     quality_max_new_tokens: int = field(default=512, metadata={"help": "With --quality: new tokens per answer (reasoning and code need more than --max-new-tokens)."})
@@ -104,7 +105,8 @@ class BenchArgs:
 
         methods = self.methods if self.methods != BenchArgs.methods else ConcurrencyBenchArgs.methods
         return ConcurrencyBenchArgs(target=self.target, drafter=self.drafter, concurrency=self.concurrency, methods=methods,
-                                    requests=self.requests, max_new_tokens=self.max_new_tokens, domains=self.domains,
+                                    requests=self.requests, repeats=self.repeats, prompts=self.prompts,
+                                    max_new_tokens=self.max_new_tokens, domains=self.domains,
                                     dtype=self.dtype, num_threads=self.num_threads, json=self.json, plot=self.plot)
 
     def quality_args(self):

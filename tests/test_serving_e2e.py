@@ -130,3 +130,38 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
             process.kill()
     assert process.returncode == 0, output
     assert "Traceback" not in output and "stopping" in output
+
+
+def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
+    """`adaflash bench --concurrency` on a local model folder and a prompt file: one row per method and level whose
+    throughput is all passes' tokens over their time, with every pass's rate listed."""
+    import json
+
+    from adaflash_hf.cli import main
+
+    target, drafter, tokenizer = tiny_chat_models(max_positions=256)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    drafter.save_pretrained(tmp_path / "drafter")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"hello {i} world", "domain": "chat" if i % 2 else "code"}) + "\n"
+                               for i in range(8)))
+    out = tmp_path / "concurrency.json"
+    threads = torch.get_num_threads()
+    code = main(["bench", "--concurrency", "1,2", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+                 "--prompts", str(prompts), "--methods", "plain,adaflash@2,adaflash", "--requests", "3", "--repeats", "2",
+                 "--max-new-tokens", "4", "--dtype", "fp32", "--num-threads", "1", "--json", str(out), "--plot", ""])
+    torch.set_num_threads(threads)
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["method"], r["concurrency"]) for r in results] == [
+        (m, c) for c in (1, 2) for m in ("plain", "adaflash@2", "adaflash")]
+    for row in results:
+        assert row["repeats"] == 2 and row["num_requests"] == 6 and len(row["tokens_per_second_passes"]) == 2
+        low, high = sorted(row["tokens_per_second_passes"])
+        assert low <= row["tokens_per_second"] <= high  # tokens over time of both passes lies between their rates
+        assert {"p50_latency_s", "p99_latency_s", "ttft_p50_s", "mean_accepted_length", "peak_rss_mb"} <= row.keys()
+    assert "pass 2/2" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at least 5 prompts"):
+        prompts.write_text('{"prompt": "one", "domain": "chat"}\n')
+        main(["bench", "--concurrency", "1", "--target", str(tmp_path / "target"), "--prompts", str(prompts), "--debug"])

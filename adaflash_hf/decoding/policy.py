@@ -154,7 +154,8 @@ class GoodputVerifyLength:
     realised (proposal, drafter, verification and bookkeeping), plain steps and speculative rounds
     apart: tokens per row over time in units of the measured plain step of that many rows, as decayed
     sums over the last dozen or so rounds, so rounds of 9 and of 15 rows compare in one bucket. While
-    speculative rounds deliver less than plain steps (``margin`` included) the round is a plain step
+    speculative rounds deliver less than plain steps (``margin`` included; judged by the best verify-length cap
+    below, which is what a speculative round mostly runs with) the round is a plain step
     that proposes nothing, so neither the drafter nor the look-ups are paid for; every
     ``explore_every`` rounds it speculates anyway, to notice when that changes (each explored round that
     loses on its own doubles that interval for its bucket, up to ``max_explore_every``, since an explored
@@ -212,9 +213,17 @@ class GoodputVerifyLength:
             sums = self.realised[(measured[0][1], False)] if measured else None
         return None if sums is None else sums[0] / sums[1]
 
+    def speculative_rate(self, bucket: int) -> float | None:
+        """What this bucket's next speculative round is expected to realise: the best cap's rate where caps
+        have been tried here, since :meth:`choose_cap` mostly uses that one (the other caps' explored rounds
+        must not make speculation as a whole look worse than it is), else every speculative round's."""
+        rates = [r for cap in (None, *self.caps) if (r := self.cap_rate(bucket, cap)) is not None]
+        return max(rates) if rates else self.rate(bucket, True)
+
     def losing(self, bucket: int) -> bool:
-        """Whether speculative rounds of this bucket realise less than plain steps (``margin`` included)."""
-        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
+        """Whether speculative rounds of this bucket, under their best cap, realise less than plain steps
+        (``margin`` included)."""
+        plain, spec = self.rate(bucket, False), self.speculative_rate(bucket)
         return plain is not None and spec is not None and spec * self.margin < plain
 
     def cap_rate(self, bucket: int, cap: int | None) -> float | None:

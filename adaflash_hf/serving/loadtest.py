@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ..cli_args import DTYPES, check_choice, dtype_field
 
@@ -36,8 +37,12 @@ class ConcurrencyBenchArgs:
     methods: str = field(default="plain,adaflash@16,adaflash@4,adaflash",
                          metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."})
     requests: int = field(default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 16)."})
+    repeats: int = field(default=1, metadata={"help": "Measured passes per method and level, the methods interleaved in each "
+                                                      "(throughput: all passes' tokens over their time; latencies pooled)."})
     max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
     domains: str = field(default="code,math,chat,news", metadata={"help": "Domains of the held-out eval prompts."})
+    prompts: str = field(default="eval", metadata={"help": "'eval' (the preset's held-out prompts of --domains) or a JSONL file "
+                                                           "of {prompt, domain} lines (at least 5 prompts)."})
     dtype: str = dtype_field()
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
     json: str = field(default="bench_concurrency.json", metadata={"help": "Where to write the JSON results."})
@@ -51,9 +56,12 @@ class ConcurrencyBenchArgs:
             base, _, n = method.partition("@")
             if base not in METHODS or (n and (base != "adaflash" or not n.isdigit() or int(n) < 1)) or (base == "plain" and n):
                 raise ValueError(f"method {method!r}: choose from plain, adaflash, adaflash@N (N >= 1).")
-        if self.requests < 0 or self.max_new_tokens < 1:
-            raise ValueError("--requests must be >= 0 and --max-new-tokens >= 1.")
+        if self.requests < 0 or self.max_new_tokens < 1 or self.repeats < 1:
+            raise ValueError("--requests must be >= 0, --max-new-tokens >= 1 and --repeats >= 1.")
         check_choice("--dtype", self.dtype, DTYPES)
+        if self.prompts != "eval" and not Path(self.prompts).is_file():
+            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                                    "or a JSONL file of {prompt, domain} lines.")
 
     @property
     def levels(self) -> list[int]:
@@ -209,25 +217,40 @@ def serve_while(scheduler, client, *args):
     return box["value"]
 
 
+def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
+    """The prompts of every level: the eval split of ``--domains`` or the ``--prompts`` file, domains interleaved
+    and every prompt used (not cut to the smallest domain). The last four are the warm-up's alone."""
+    from ..data import load_prompts, load_prompts_jsonl
+
+    by_domain: dict[str, list[str]] = {}
+    if args.prompts == "eval":
+        for domain in args.domains.split(","):
+            by_domain[domain.strip()] = [r["prompt"] for r in load_prompts(domain.strip(), split="eval").to_list()]
+    else:
+        for row in load_prompts_jsonl(args.prompts).to_list():
+            by_domain.setdefault(row.get("domain") or "all", []).append(row["prompt"])
+    groups = list(by_domain.values())
+    mixed = [group[i] for i in range(max(map(len, groups), default=0)) for group in groups if i < len(group)]
+    if len(mixed) < 5:
+        raise ValueError(f"the concurrency benchmark needs at least 5 prompts (4 warm it up), got {len(mixed)}"
+                         + (f" in {args.prompts}." if args.prompts != "eval" else "."))
+    return mixed
+
+
 def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     import torch
 
     from ..bench import code_provenance
-    from ..data import load_prompts
     from ..drafters import load_drafter
     from ..targets import load_target
     from .server import ServerThread, create_app
 
+    mixed = bench_prompts(args)  # before the models load: a bad prompt file fails at once
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     drafter = load_drafter(args.drafter, target, target_name=args.target)
     levels, methods = args.levels, args.method_list
-    by_domain = {}
-    for domain in args.domains.split(","):
-        by_domain[domain] = [r["prompt"] for r in load_prompts(domain.strip(), split="eval").to_list()]
-    groups = list(by_domain.values())  # domains interleaved, every prompt used (not cut to the smallest domain)
-    mixed = [group[i] for i in range(max(map(len, groups))) for group in groups if i < len(group)]
     schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels), args.target) for m in methods}
     results = []
     print(f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
@@ -247,16 +270,27 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             for method in methods:  # unmeasured: one-off costs of this batch size (kernel set-up for new shapes, the
                 # guard's first rounds at it) do not land in a level of 16-64 requests, as they would not in a server
                 serve_while(schedulers[method], drive, urls[method], method, prompts[:concurrency], concurrency, LEVEL_WARMUP_TOKENS)
-            for scheduler in schedulers.values():  # no level reuses the warm-up's or an earlier level's outputs
-                scheduler.drafting_state.forget_requests()
-            for method in methods[level % len(methods):] + methods[: level % len(methods)]:  # rotated: no method always first
-                before = schedulers[method].status()
-                records, seconds, peak = serve_while(schedulers[method], drive, urls[method], method, prompts,
-                                                       concurrency, args.max_new_tokens)
-                row = summarise(method, concurrency, records, seconds, peak, before, schedulers[method].status())
+            passes: dict[str, list] = {m: [] for m in methods}
+            for repeat in range(args.repeats):
+                for scheduler in schedulers.values():  # no pass reuses the warm-up's or an earlier pass's outputs
+                    scheduler.drafting_state.forget_requests()
+                turn = level + repeat
+                for method in methods[turn % len(methods):] + methods[: turn % len(methods)]:  # rotated: no method always first
+                    before = schedulers[method].status()
+                    records, seconds, peak = serve_while(schedulers[method], drive, urls[method], method, prompts,
+                                                           concurrency, args.max_new_tokens)
+                    passes[method].append((records, seconds, peak, before, schedulers[method].status()))
+                    one = summarise(method, concurrency, records, seconds, peak, before, passes[method][-1][-1])
+                    print(f"[bench] c={concurrency:<3} {method:<12} {one['tokens_per_second']:7.1f} tok/s  p50 {one['p50_latency_s']:.2f}s "
+                          f"p99 {one['p99_latency_s']:.2f}s  tau {one['mean_accepted_length'] or 0:.2f}"
+                          + (f"  (pass {repeat + 1}/{args.repeats})" if args.repeats > 1 else ""), file=sys.stderr)
+            for method in methods:
+                runs = passes[method]
+                row = summarise(method, concurrency, [r for run in runs for r in run[0]], sum(run[1] for run in runs),
+                                max(run[2] for run in runs), runs[0][3], runs[-1][4])
+                row["repeats"] = len(runs)
+                row["tokens_per_second_passes"] = [sum(r["tokens"] for r in run[0]) / run[1] for run in runs]
                 results.append(row)
-                print(f"[bench] c={concurrency:<3} {method:<12} {row['tokens_per_second']:7.1f} tok/s  p50 {row['p50_latency_s']:.2f}s "
-                      f"p99 {row['p99_latency_s']:.2f}s  tau {row['mean_accepted_length'] or 0:.2f}", file=sys.stderr)
     finally:
         for server in servers.values():
             server.__exit__()
