@@ -129,7 +129,7 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
     policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8,
-                                 explore_budget=1.0)
+                                 explore_budget=0.125)
     plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
@@ -143,12 +143,17 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
         else:
             policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     explored = [i for i, h in enumerate(held) if h]
-    assert explored == [2, 10, 26]  # explore_every rounds after the last speculative one; each loss doubles the gap
-    assert policy._explore[5] == 16  # (capped at max_explore_every)
-    budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4)  # explore_budget 0.02 of the time
+    # explore_every rounds after the first loss, then far enough apart that each loss (1 plain step's time) wastes an
+    # eighth of the time: every 8 rounds, not more rarely with every loss (one unlucky round cannot hold plain for long)
+    assert explored == [2, 10, 18, 26] and policy._explore[5] == 8
+    budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=256)  # explore_budget 0.01
     budgeted.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
-    budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 50 rounds at most
-    assert budgeted._explore[5] == 50
+    budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 100 rounds at most
+    assert budgeted._explore[5] == 100
+    budgeted.update(torch.full((16,), 1), spec, 0.700)  # wastes 5 plain steps: 500 rounds, capped at max_explore_every
+    assert budgeted._explore[5] == 256
+    budgeted.update(torch.full((16,), 1), spec, 0.205)  # a cheap loss (0.05 of a step, 2 %): soon explored again
+    assert budgeted._explore[5] == 5
     assert policy.wants_drafts(4)  # another batch-size bucket: no speculative evidence there yet
     policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
     assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in

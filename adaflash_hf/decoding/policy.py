@@ -157,10 +157,11 @@ class GoodputVerifyLength:
     speculative rounds deliver less than plain steps (``margin`` included; judged by the best verify-length cap
     below, which is what a speculative round mostly runs with) the round is a plain step
     that proposes nothing, so neither the drafter nor the look-ups are paid for; every
-    ``explore_every`` rounds it speculates anyway, to notice when that changes (each explored round that
-    loses on its own doubles that interval for its bucket, up to ``max_explore_every``, since an explored
-    round at high load can cost several plain steps; at least far enough apart that losing explored rounds
-    waste under ``explore_budget`` of the time; a winning one resets it), and every
+    ``explore_every`` rounds it speculates anyway, to notice when that changes (after an explored round that
+    loses on its own, far enough apart that such rounds waste under ``explore_budget`` of the time, up to
+    ``max_explore_every`` rounds, since an explored round at high load can cost several plain steps; a winning
+    one resets it; a cheap loss at low load is soon explored again, so one unlucky round cannot hold plain
+    steps for long), and every
     ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
     borrows the nearest bucket's. So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
@@ -181,7 +182,7 @@ class GoodputVerifyLength:
     margin: float = 1.02
     explore_every: int = 16
     max_explore_every: int = 256
-    explore_budget: float = 0.02
+    explore_budget: float = 0.01
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
@@ -304,10 +305,9 @@ class GoodputVerifyLength:
         tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
         plain = self.rate(bucket, False)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose on their own
-            interval = self._explore.get(bucket, self.explore_every)
             if tokens / steps * self.margin < plain:
                 lost = steps - tokens / plain  # plain steps' worth of time this round wasted
-                interval = max(2 * interval, math.ceil(lost / self.explore_budget))  # so exploring costs <= the budget
+                interval = max(self.explore_every, math.ceil(lost / self.explore_budget))  # so exploring costs <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)
             else:
                 self._explore[bucket] = self.explore_every
