@@ -154,8 +154,8 @@ class GoodputVerifyLength:
     realised (proposal, drafter, verification and bookkeeping), plain steps and speculative rounds
     apart: tokens per row over time in units of the measured plain step of that many rows, as decayed
     sums over the last dozen or so rounds, so rounds of 9 and of 15 rows compare in one bucket. While
-    speculative rounds deliver less than plain steps (``margin`` included; judged by the best verify-length cap
-    below, which is what a speculative round mostly runs with) the round is a plain step
+    speculative rounds deliver less than plain steps (``margin`` in their favour, and counting what they cost a
+    larger batch beyond their own time, :meth:`desync_cost`) the round is a plain step
     that proposes nothing, so neither the drafter nor the look-ups are paid for; every
     ``explore_every`` rounds it speculates anyway, to notice when that changes (after an explored round that
     loses on its own, far enough apart that such rounds waste under ``explore_budget`` of the time, up to
@@ -180,6 +180,7 @@ class GoodputVerifyLength:
     max_verify_len: int | None = None
     cost_model: VerifyCostModel | None = None
     margin: float = 1.02
+    desync_per_row: float = 0.008
     explore_every: int = 16
     max_explore_every: int = 256
     explore_budget: float = 0.01
@@ -214,18 +215,20 @@ class GoodputVerifyLength:
             sums = self.realised[(measured[0][1], False)] if measured else None
         return None if sums is None else sums[0] / sums[1]
 
-    def speculative_rate(self, bucket: int) -> float | None:
-        """What this bucket's next speculative round is expected to realise: the best cap's rate where caps
-        have been tried here, since :meth:`choose_cap` mostly uses that one (the other caps' explored rounds
-        must not make speculation as a whole look worse than it is), else every speculative round's."""
-        rates = [r for cap in (None, *self.caps) if (r := self.cap_rate(bucket, cap)) is not None]
-        return max(rates) if rates else self.rate(bucket, True)
+    def desync_cost(self, bucket: int) -> float:
+        """The factor by which a speculative round of this bucket costs more than its own time shows: 1 plus
+        ``desync_per_row`` for every row past the first of the bucket's smallest batch (1.0, 1.024, 1.056, 1.12, 1.248
+        at 1, 4, 8, 16, 32 rows by default). Speculation desynchronises rows: they finish at different rounds, so
+        joining requests prefill in smaller groups and rounds run with fewer rows, which no single round's time shows
+        (session 16 measured about 10 % of a served level at 16 rows on a 2-core CPU)."""
+        rows = 1 << max(bucket - 1, 0)
+        return 1 + self.desync_per_row * (rows - 1)
 
     def losing(self, bucket: int) -> bool:
-        """Whether speculative rounds of this bucket, under their best cap, realise less than plain steps
-        (``margin`` included)."""
-        plain, spec = self.rate(bucket, False), self.speculative_rate(bucket)
-        return plain is not None and spec is not None and spec * self.margin < plain
+        """Whether speculative rounds of this bucket realise less than plain steps, their :meth:`desync_cost`
+        counted (``margin`` in speculation's favour)."""
+        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
+        return plain is not None and spec is not None and spec * self.margin < plain * self.desync_cost(bucket)
 
     def cap_rate(self, bucket: int, cap: int | None) -> float | None:
         """Realised tokens per row per plain step's time of the speculative rounds verified under ``cap``."""
@@ -305,8 +308,9 @@ class GoodputVerifyLength:
         tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
         plain = self.rate(bucket, False)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose on their own
-            if tokens / steps * self.margin < plain:
-                lost = steps - tokens / plain  # plain steps' worth of time this round wasted
+            desync = self.desync_cost(bucket)
+            if tokens / steps * self.margin < plain * desync:
+                lost = steps * desync - tokens / plain  # plain steps' worth of time this round wasted (its desync included)
                 interval = max(self.explore_every, math.ceil(lost / self.explore_budget))  # so exploring costs <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)
             else:

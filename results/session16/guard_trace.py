@@ -1,0 +1,70 @@
+"""Session 16 probe: why the adaptive server speculates at high load. Serves 2c requests at concurrency c (no HTTP,
+warmed up as the bench does) and prints every round the guard let speculate: batch size, bucket, whether the bucket
+was judged losing, both realised rates, and the round's realised tokens per plain step.
+
+python results/session16/guard_trace.py 16
+"""
+import asyncio
+import sys
+
+import torch
+
+from adaflash_hf import load_drafter, load_target
+from adaflash_hf.data import load_prompts
+from adaflash_hf.serving.loadtest import make_scheduler, serve_while
+from adaflash_hf.serving.scheduler import RequestParams
+
+torch.set_num_threads(2)
+target, tok = load_target("smollm2-135m", dtype="auto")
+drafter = load_drafter("auto", target, target_name="smollm2-135m")
+groups = [[r["prompt"] for r in load_prompts(d, split="eval").to_list()] for d in ("code", "math", "chat", "news")]
+mixed = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
+ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=True)["input_ids"] for p in mixed]
+c = int(sys.argv[1])
+s = make_scheduler("adaflash", target, drafter, tok, 32, "smollm2-135m")
+policy = s.batch.policy
+trace, live = [], {"on": False}
+guard, update = policy._guard, policy.update
+
+
+def traced_guard(rows):
+    answer = guard(rows)
+    if live["on"]:
+        bucket = rows.bit_length()
+        trace.append([rows, bucket, answer, policy.losing(bucket), policy.rate(bucket, False), policy.rate(bucket, True), None])
+    return answer
+
+
+def traced_update(accept_lengths, verify_lens, seconds, proposed=None):
+    if live["on"] and trace and trace[-1][2]:
+        plain_step = policy.cost_model.cost_batch(len(verify_lens), 1)
+        trace[-1][6] = float((accept_lengths + 1).sum()) / len(verify_lens) / (seconds / plain_step)
+    update(accept_lengths, verify_lens, seconds, proposed=proposed)
+
+
+policy._guard, policy.update = traced_guard, traced_update
+
+
+def run(prompts, conc, tokens):
+    async def main():
+        sem = asyncio.Semaphore(conc)
+
+        async def one(p):
+            async with sem:
+                return await s.submit(p, RequestParams(max_new_tokens=tokens)).collect()
+
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    return serve_while(s, main)
+
+
+run(ids[-4:], 2, 16)
+run(ids[:c], c, 8)
+s.drafting_state.forget_requests()
+live["on"] = True
+run(ids[:2 * c], c, 64)
+spec = [t for t in trace if t[2]]
+print(f"c={c}: {len(trace)} rounds, {len(spec)} speculative")
+for rows, bucket, _, losing, plain, rate, realised in spec:
+    print(f"rows {rows:2d} bucket {bucket} losing {losing!s:5} plain {plain or 0:.3f} spec {rate or 0:.3f} -> round realised {realised or 0:.3f}")
+print("explore intervals", policy._explore)
