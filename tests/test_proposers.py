@@ -130,7 +130,7 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
     policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8,
-                                 explore_budget=0.125, desync_per_row=0.0)
+                                 explore_budget=0.125, desync_per_row=0.0, burst_rounds=1)
     plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
@@ -147,7 +147,8 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     # explore_every rounds after the first loss, then far enough apart that each loss (1 plain step's time) wastes an
     # eighth of the time: every 8 rounds, not more rarely with every loss (one unlucky round cannot hold plain for long)
     assert explored == [2, 10, 18, 26] and policy._explore[5] == 8
-    budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=256, desync_per_row=0.0)  # budget 0.01
+    budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=256, desync_per_row=0.0,
+                                   burst_rounds=1)  # budget 0.01
     budgeted.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 100 rounds at most
     assert budgeted._explore[5] == 100
@@ -167,6 +168,32 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     assert policy.wants_drafts(16)
 
 
+def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
+    """A held bucket explores burst_rounds speculative rounds in a row, and a speculating one times that many plain
+    steps in a row, so one noisy round cannot flip the decision; a losing run's interval counts all of its rounds."""
+    cost = VerifyCostModel()
+    cost.update(8, 0.100, rows=8)
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, refresh_plain_every=6, burst_rounds=3, desync_per_row=0.0,
+                                 explore_budget=0.1)
+    one, spec, plain = torch.ones(8, dtype=torch.long), torch.full((8,), 3, dtype=torch.long), torch.ones(8, dtype=torch.long)
+    pays = {True: 0.150, False: 0.100}  # speculation first pays (2 tokens in 1.5 steps), later loses (2 tokens in 2.5)
+    answers = []
+    for i in range(90):
+        if i == 30:
+            pays[True] = 0.250
+        answers.append(policy.wants_drafts(8))
+        if answers[-1]:
+            policy.update(one, spec, pays[True], proposed=True)
+        else:
+            policy.update(one * 0, plain, pays[False], proposed=False)
+    trace = "".join("S" if a else "." for a in answers)
+    assert trace[:30] == "S..." + "SSSSS..." * 3 + "SS"  # plain steps timed three in a row, after 5 speculative rounds
+    held = trace[40:]  # speculation now loses: plain steps, with explored runs of exactly three speculative rounds
+    assert "SSS" in held and "SSSS" not in held and held.count("S") % 3 == 0 and ".S." not in held
+    lost = 2.5 - 2  # plain steps' worth wasted per losing speculative round
+    assert policy._explore[4] == max(policy.explore_every, math.ceil(3 * lost / policy.explore_budget)) == 15
+
+
 def test_the_guard_asks_larger_batches_to_win_by_more():
     """Speculative rounds that realise 8 % more than plain steps pay at 4 rows, not at 16, where desynchronised rows cost
     what no single round shows; a loss counts that cost too."""
@@ -181,7 +208,7 @@ def test_the_guard_asks_larger_batches_to_win_by_more():
         policy.update(torch.ones(rows, dtype=torch.long), torch.full((rows,), 3), 0.100 * 2 / 1.08, proposed=True)
         assert policy.losing(rows.bit_length()) is holds
     lost = 2 / 1.08 * policy.desync_cost(5) - 2  # plain steps' worth: the round's time with its desync, less its tokens
-    assert policy._explore[5] == max(policy.explore_every, math.ceil(lost / policy.explore_budget)) == 16
+    assert policy._explore[5] == max(policy.explore_every, math.ceil(policy.burst_rounds * lost / policy.explore_budget)) == 23
 
 
 def test_the_guard_caps_verify_lengths_at_the_cap_that_realises_most():
@@ -266,7 +293,7 @@ def test_slow_first_speculative_rounds_do_not_hold_plain_steps_for_long():
 
 
 def test_the_guard_times_a_plain_step_after_the_first_speculative_round_and_now_and_then():
-    policy = GoodputVerifyLength(refresh_plain_every=3)
+    policy = GoodputVerifyLength(refresh_plain_every=3, burst_rounds=1)
     spec, plain = torch.full((2,), 3, dtype=torch.long), torch.ones(2, dtype=torch.long)
     answers = []
     for _ in range(6):

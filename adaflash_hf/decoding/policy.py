@@ -163,7 +163,9 @@ class GoodputVerifyLength:
     one resets it; a cheap loss at low load is soon explored again, so one unlucky round cannot hold plain
     steps for long), and every
     ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
-    borrows the nearest bucket's. So on a machine where verification costs as much per token as
+    borrows the nearest bucket's. Explored speculation and refreshed plain steps each run ``burst_rounds``
+    rounds in a row, since the rate of a kind the guard rarely runs rests on its latest rounds, and a single
+    round's time and acceptance are too noisy to flip the decision on (a loss's interval counts the whole run). So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
     estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's
     rounds are too few and too varied to compare, and there the goodput choice alone decides.
@@ -184,6 +186,7 @@ class GoodputVerifyLength:
     explore_every: int = 16
     max_explore_every: int = 256
     explore_budget: float = 0.01
+    burst_rounds: int = 3
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
@@ -193,12 +196,15 @@ class GoodputVerifyLength:
     realised: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
     _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
+    _burst: dict = field(default_factory=dict, repr=False)  # rows bucket -> (speculative?, rounds of it still to run)
     capped: dict = field(default_factory=dict, repr=False)  # (rows bucket, cap or None) -> [decayed tokens, decayed time]
     _cap_rounds: dict = field(default_factory=dict, repr=False)  # rows bucket -> speculative rounds filed by cap
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
     _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
 
     def __post_init__(self):
+        if self.burst_rounds < 1:
+            raise ValueError(f"burst_rounds={self.burst_rounds}: must be >= 1.")
         if any(cap < 2 for cap in self.caps) or self.cap_explore_every < 2:
             raise ValueError(f"caps={self.caps}, cap_explore_every={self.cap_explore_every}: each cap must be >= 2 "
                              "(the anchor and at least one draft) and cap_explore_every >= 2.")
@@ -263,11 +269,24 @@ class GoodputVerifyLength:
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
+        kind, left = self._burst.get(bucket, (None, 0))
+        if left > 0:  # finishing a run of explored (or refreshing plain) rounds: one round is too noisy to judge by
+            self._burst[bucket] = (kind, left - 1)
+            return kind
         if self.rate(bucket, True) is not None and (bucket, False) not in self.realised:
-            return False  # speculated at this size but never timed a plain step here: time one now
+            return self._start_burst(bucket, False)  # speculated at this size but never timed a plain step here: time some now
         if self.losing(bucket):
-            return self._since.get((bucket, True), 0) + 1 >= self._explore.get(bucket, self.explore_every)
-        return self.rate(bucket, True) is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every
+            if self._since.get((bucket, True), 0) + 1 >= self._explore.get(bucket, self.explore_every):
+                return self._start_burst(bucket, True)
+            return False
+        if self.rate(bucket, True) is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every:
+            return True
+        return self._start_burst(bucket, False)
+
+    def _start_burst(self, bucket: int, speculative: bool) -> bool:
+        """Run ``burst_rounds`` rounds of this kind in a row (this one included) and answer for this one."""
+        self._burst[bucket] = (speculative, self.burst_rounds - 1)
+        return speculative
 
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
@@ -311,7 +330,7 @@ class GoodputVerifyLength:
             desync = self.desync_cost(bucket)
             if tokens / steps * self.margin < plain * desync:
                 lost = steps * desync - tokens / plain  # plain steps' worth of time this round wasted (its desync included)
-                interval = max(self.explore_every, math.ceil(lost / self.explore_budget))  # so exploring costs <= the budget
+                interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)
             else:
                 self._explore[bucket] = self.explore_every
