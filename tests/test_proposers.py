@@ -130,7 +130,8 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
     policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8,
-                                 explore_budget=0.125, desync_per_row=0.0, burst_rounds=1)
+                                 explore_budget=0.125, desync_per_row=0.0, burst_rounds=1,
+                                 min_evidence=1)
     plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
@@ -148,14 +149,25 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     # eighth of the time: every 8 rounds, not more rarely with every loss (one unlucky round cannot hold plain for long)
     assert explored == [2, 10, 18, 26] and policy._explore[5] == 8
     budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=256, desync_per_row=0.0,
-                                   burst_rounds=1)  # budget 0.01
+                                   burst_rounds=1, min_evidence=1)  # budget 0.01
     budgeted.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 100 rounds at most
     assert budgeted._explore[5] == 100
-    budgeted.update(torch.full((16,), 1), spec, 0.700)  # wastes 5 plain steps: 500 rounds, capped at max_explore_every
-    assert budgeted._explore[5] == 256
-    budgeted.update(torch.full((16,), 1), spec, 0.205)  # a cheap loss (0.05 of a step, 2 %): soon explored again
-    assert budgeted._explore[5] == 5
+    budgeted.update(torch.full((16,), 1), spec, 0.700)  # a dear round: the bucket's rate falls to 3.8 / 9.7 tokens per step,
+    assert budgeted._explore[5] == 256  # 2 * (9.7 / 3.8 - 1) = 3.1 plain steps lost per round: 310, capped at max_explore_every
+    budgeted.update(torch.full((16,), 1), spec, 0.205)  # one cheap round does not undo that: the interval follows the rates
+    assert budgeted._explore[5] == math.ceil(2 * (1 / budgeted.rate(5, True) - 1) / 0.01) == 198
+    cheap = GoodputVerifyLength(cost_model=cost, explore_every=4, desync_per_row=0.0, burst_rounds=1, min_evidence=1)
+    cheap.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
+    cheap.update(torch.full((16,), 1), spec, 0.205)  # a cheap loss (2 tokens in 2.05 steps): soon explored again
+    assert cheap.losing(5) and cheap._explore[5] == 5
+    fresh = GoodputVerifyLength(cost_model=cost, explore_every=4, desync_per_row=0.0)  # min_evidence 8
+    fresh.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
+    for _ in range(7):  # a bucket's first speculative rounds (kernel set-up for new shapes) do not back exploring off
+        fresh.update(torch.full((16,), 1), spec, 0.700)
+        assert fresh.losing(5) and fresh._explore.get(5, 4) == 4
+    fresh.update(torch.full((16,), 1), spec, 0.700)
+    assert fresh._explore[5] == 256
     assert policy.wants_drafts(4)  # another batch-size bucket: no speculative evidence there yet
     policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
     assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in
@@ -174,7 +186,7 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
     cost = VerifyCostModel()
     cost.update(8, 0.100, rows=8)
     policy = GoodputVerifyLength(cost_model=cost, explore_every=4, refresh_plain_every=6, burst_rounds=3, desync_per_row=0.0,
-                                 explore_budget=0.1)
+                                 explore_budget=0.1, min_evidence=1)
     one, spec, plain = torch.ones(8, dtype=torch.long), torch.full((8,), 3, dtype=torch.long), torch.ones(8, dtype=torch.long)
     pays = {True: 0.150, False: 0.100}  # speculation first pays (2 tokens in 1.5 steps), later loses (2 tokens in 2.5)
     answers = []
@@ -203,7 +215,7 @@ def test_the_guard_asks_larger_batches_to_win_by_more():
     for rows, holds in ((4, False), (16, True)):
         cost = VerifyCostModel()
         cost.update(rows, 0.100, rows=rows)
-        policy = GoodputVerifyLength(cost_model=cost)
+        policy = GoodputVerifyLength(cost_model=cost, min_evidence=1)
         policy.update(torch.zeros(rows, dtype=torch.long), torch.ones(rows, dtype=torch.long), 0.100, proposed=False)
         policy.update(torch.ones(rows, dtype=torch.long), torch.full((rows,), 3), 0.100 * 2 / 1.08, proposed=True)
         assert policy.losing(rows.bit_length()) is holds

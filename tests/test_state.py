@@ -198,3 +198,54 @@ def test_rounds_without_the_drafter_leave_the_target_cache_as_tight_as_plain_dec
                 seen.append(batch.num_slots)
         slots[name] = seen
     assert slots["drafter"] == slots["plain"]
+
+
+def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_up(target, drafter, monkeypatch):
+    """Rounds that skip the drafter leave their features unread; the round that resumes drafting reads them all. The
+    policy is told that round's time less the catching-up share of the drafter pass (by tokens), so a long hold does
+    not make speculation look dearer than a drafter running every round would."""
+    from adaflash_hf.decoding import state as state_module
+    from adaflash_hf.decoding.state import catch_up_seconds
+
+    assert catch_up_seconds(0.1, read=30, fresh=6, block=10) == pytest.approx(0.1 * 24 / 40)
+    assert catch_up_seconds(0.1, read=4, fresh=6, block=10) == 0.0  # nothing beyond one round's context
+
+    class Hold:  # plain steps for 6 rounds, then drafts; records what each round reported
+        def __init__(self):
+            self.rounds, self.reported = 0, []
+
+        def wants_drafts(self, rows):
+            return self.rounds >= 6
+
+        def verify_lens(self, rates, hidden, sources=None):
+            return torch.full((rates.shape[0],), rates.shape[1] + 1, dtype=torch.long)
+
+        def update(self, accept_lengths, verify_lens, seconds, proposed=None):
+            self.rounds += 1
+            self.reported.append((seconds, proposed))
+
+    clock = [0.0]
+    monkeypatch.setattr(state_module, "timer", lambda device: clock[0])
+    real_draft_block = state_module.draft_block
+    read = []
+
+    def slow_draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_mask, cache):
+        read.append(context.shape[1])
+        clock[0] += 0.001 * (context.shape[1] + drafter.config.block_size)  # 1 ms per token the pass runs over
+        return real_draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_mask, cache)
+
+    monkeypatch.setattr(state_module, "draft_block", slow_draft_block)
+    from dataclasses import replace
+
+    state = DraftingState(replace(DraftingConfig.only("drafter"), drafter_every_round=True))
+    policy = Hold()
+    batch = SpeculativeBatch(target, drafter, drafting=state.config, drafting_state=state, verify_policy=policy)
+    batch.add_rows([RowSpec("a", random_prompts([9], seed=3)[0], 40)])
+    for _ in range(8):
+        batch.step()
+    held, resumed, steady = policy.reported[5], policy.reported[6], policy.reported[7]
+    assert held == (0.0, False) and resumed[1] and steady[1]
+    assert read[0] == 9 + 6  # the prompt and six held rounds' tokens, read at once
+    block = drafter.config.block_size
+    assert resumed[0] == pytest.approx(0.001 * (read[0] + block) - 0.001 * (read[0] - 1))  # only the last round's token counts
+    assert steady[0] == pytest.approx(0.001 * (read[1] + block))  # a drafter running every round: nothing to subtract

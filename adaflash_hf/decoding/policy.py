@@ -187,6 +187,7 @@ class GoodputVerifyLength:
     max_explore_every: int = 256
     explore_budget: float = 0.01
     burst_rounds: int = 3
+    min_evidence: int = 8
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
@@ -197,6 +198,7 @@ class GoodputVerifyLength:
     _since: dict = field(default_factory=dict, repr=False)  # (rows bucket, speculative?) -> rounds since that kind ran
     _explore: dict = field(default_factory=dict, repr=False)  # rows bucket -> rounds between explored speculative rounds
     _burst: dict = field(default_factory=dict, repr=False)  # rows bucket -> (speculative?, rounds of it still to run)
+    _spec_rounds: dict = field(default_factory=dict, repr=False)  # rows bucket -> speculative rounds seen
     capped: dict = field(default_factory=dict, repr=False)  # (rows bucket, cap or None) -> [decayed tokens, decayed time]
     _cap_rounds: dict = field(default_factory=dict, repr=False)  # rows bucket -> speculative rounds filed by cap
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
@@ -325,18 +327,23 @@ class GoodputVerifyLength:
             if (bucket, kind) in self.realised:
                 self.realised[(bucket, kind)] = [self.decay * x for x in self.realised[(bucket, kind)]]
         tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
-        plain = self.rate(bucket, False)
-        if speculative and plain is not None:  # back off exploring while speculative rounds here lose on their own
-            desync = self.desync_cost(bucket)
-            if tokens / steps * self.margin < plain * desync:
-                lost = steps * desync - tokens / plain  # plain steps' worth of time this round wasted (its desync included)
+        sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
+        sums[0] += tokens
+        sums[1] += steps
+        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
+        if speculative and plain is not None:  # back off exploring while speculative rounds here lose, this one too
+            self._spec_rounds[bucket] = self._spec_rounds.get(bucket, 0) + 1
+            if (self.losing(bucket) and tokens / steps * self.margin < plain * self.desync_cost(bucket)
+                    and self._spec_rounds[bucket] >= self.min_evidence):
+                # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
+                # acceptance are too noisy to set a long interval by), its desync included. A round that won on its
+                # own keeps exploring frequent, since the rates may be changing (warm-up, a new load), and so do a
+                # bucket's first ``min_evidence`` speculative rounds (its first rounds pay kernel set-up for new shapes).
+                lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
                 interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)
             else:
                 self._explore[bucket] = self.explore_every
-        sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
-        sums[0] += tokens
-        sums[1] += steps
         used, self._used_cap = self._used_cap, None
         if speculative and rows >= self.min_rows and self.caps and used is not None and used[0] == rows:
             for key in [k for k in self.capped if k[0] == bucket]:  # every cap's evidence ages with the bucket's rounds

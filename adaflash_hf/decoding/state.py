@@ -105,6 +105,15 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     return out.last_hidden_state
 
 
+def catch_up_seconds(seconds: float, read: int, fresh: int, block: int) -> float:
+    """The part of a drafter pass spent catching up: the pass read ``read`` context tokens and drafted ``block``, and a
+    drafter that ran every round would have read only the last round's ``fresh`` tokens. The rest (rounds that skipped
+    the drafter, prompts of new rows) is a one-off cost of resuming speculation; by its share of the pass's tokens it is
+    kept out of the round time the policy judges speculation by, or a long hold of plain steps would make the round that
+    ends it look dearer the longer the hold was."""
+    return seconds * max(read - fresh, 0) / max(read + block, 1)
+
+
 def path_sources(proposal, paths: list[list[int]], num_drafts: list[int]) -> list[str]:
     """Where each row's accepted drafts came from: the source of its deepest accepted node (of its
     best node when it accepted none); "none" for a row that verified no drafts."""
@@ -257,6 +266,7 @@ class SpeculativeBatch:
         self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
         self.draft_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, draft slots) 1 where the drafter cache holds context
         self.pending: PendingContext | None = None  # target features the drafter has not read yet
+        self.fresh_context = 0  # context tokens the last round left unread: what a drafter that runs every round reads
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -462,6 +472,8 @@ class SpeculativeBatch:
             self.draft_mask = key_mask  # the drafter read the unread context into its cache
             tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
             drafted["seconds"] = timer(device) - tick
+            drafted["catch_up"] = catch_up_seconds(drafted["seconds"], int(context_mask.sum()), self.fresh_context,
+                                                   drafted["hidden"].shape[0] * drafted["hidden"].shape[1])
             return tokens, top_probs, self.head.scorer(drafted["logits"])
 
         params = [self.specs[r].params for r in self.ids]
@@ -545,6 +557,7 @@ class SpeculativeBatch:
             for i, (row, index) in enumerate(zip(self.ids, slots)):
                 taken = slice(0, len(index)) if parents is None else index  # a chain's accepted slots are a prefix
                 self.pending.add(row, features[i, taken], verify_pos[i, taken])
+            self.fresh_context = sum(map(len, slots))
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
 
@@ -566,7 +579,8 @@ class SpeculativeBatch:
                 index = slots[i][: len(update.tokens)]
                 self.observer.on_round(update.row_id, None if features is None else features[i, index], target_logits[i, index],
                                        update.tokens, n, update.source)
-        report_round(self.policy, accept_lengths.cpu(), num_drafts.cpu() + 1, timer(device) - round_start, proposing)  # the whole round
+        report_round(self.policy, accept_lengths.cpu(), num_drafts.cpu() + 1,
+                     timer(device) - round_start - drafted.get("catch_up", 0.0), proposing)  # the whole round, less catching up
         self._drop_finished(updates)
         return updates
 

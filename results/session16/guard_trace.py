@@ -68,3 +68,9 @@ print(f"c={c}: {len(trace)} rounds, {len(spec)} speculative")
 for rows, bucket, _, losing, plain, rate, realised in spec:
     print(f"rows {rows:2d} bucket {bucket} losing {losing!s:5} plain {plain or 0:.3f} spec {rate or 0:.3f} -> round realised {realised or 0:.3f}")
 print("explore intervals", policy._explore)
+print("trace (S speculative, . plain; lower case where the bucket was judged losing):")
+print("".join(("S" if t[2] else ".") if not t[3] else ("s" if t[2] else ",") for t in trace))
+flips = [i for i in range(1, len(trace)) if trace[i][3] and not trace[i - 1][3]]
+for i in flips[:4]:
+    window = [t for t in trace[max(0, i - 6):i + 1]]
+    print(f"turned losing at round {i}:", [(t[2], round(t[4] or 0, 3), round(t[5] or 0, 3), t[6] and round(t[6], 3)) for t in window])
