@@ -165,7 +165,11 @@ class GoodputVerifyLength:
     ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
     borrows the nearest bucket's. Explored speculation and refreshed plain steps each run ``burst_rounds``
     rounds in a row, since the rate of a kind the guard rarely runs rests on its latest rounds, and a single
-    round's time and acceptance are too noisy to flip the decision on (a loss's interval counts the whole run). So on a machine where verification costs as much per token as
+    round's time and acceptance are too noisy to flip the decision on (a loss's interval counts the whole run).
+    The interval follows the bucket's rates, not the one round's, and only after ``min_evidence`` speculative
+    rounds in the bucket (a bucket's first rounds pay kernel set-up for
+    new shapes). The engine reports a round that resumes drafting without the drafter's catching up on the
+    context held back meanwhile (:func:`~adaflash_hf.decoding.state.catch_up_seconds`). So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
     estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's
     rounds are too few and too varied to compare, and there the goodput choice alone decides.
@@ -333,12 +337,10 @@ class GoodputVerifyLength:
         plain, spec = self.rate(bucket, False), self.rate(bucket, True)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose, this one too
             self._spec_rounds[bucket] = self._spec_rounds.get(bucket, 0) + 1
-            if (self.losing(bucket) and tokens / steps * self.margin < plain * self.desync_cost(bucket)
-                    and self._spec_rounds[bucket] >= self.min_evidence):
+            if self.losing(bucket) and self._spec_rounds[bucket] >= self.min_evidence:
                 # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
-                # acceptance are too noisy to set a long interval by), its desync included. A round that won on its
-                # own keeps exploring frequent, since the rates may be changing (warm-up, a new load), and so do a
-                # bucket's first ``min_evidence`` speculative rounds (its first rounds pay kernel set-up for new shapes).
+                # acceptance are too noisy to set a long interval by), its desync included. A bucket's first
+                # ``min_evidence`` speculative rounds keep exploring frequent (they pay kernel set-up for new shapes).
                 lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
                 interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)

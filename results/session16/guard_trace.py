@@ -2,7 +2,7 @@
 warmed up as the bench does) and prints every round the guard let speculate: batch size, bucket, whether the bucket
 was judged losing, both realised rates, and the round's realised tokens per plain step.
 
-python results/session16/guard_trace.py 16
+python results/session16/guard_trace.py 16 [passes]
 """
 import asyncio
 import sys
@@ -58,11 +58,13 @@ def run(prompts, conc, tokens):
     return serve_while(s, main)
 
 
+passes = int(sys.argv[2]) if len(sys.argv) > 2 else 1  # as the bench's --repeats: the last pass is traced
 run(ids[-4:], 2, 16)
 run(ids[:c], c, 8)
-s.drafting_state.forget_requests()
-live["on"] = True
-run(ids[:2 * c], c, 64)
+for p in range(passes):
+    s.drafting_state.forget_requests()
+    live["on"] = p == passes - 1
+    run(ids[:max(16, 2 * c)] if passes > 1 else ids[:2 * c], c, 64)
 spec = [t for t in trace if t[2]]
 print(f"c={c}: {len(trace)} rounds, {len(spec)} speculative")
 for rows, bucket, _, losing, plain, rate, realised in spec:
