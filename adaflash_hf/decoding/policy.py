@@ -157,19 +157,17 @@ class GoodputVerifyLength:
     speculative rounds deliver less than plain steps (``margin`` in their favour, and counting what they cost a
     larger batch beyond their own time, :meth:`desync_cost`) the round is a plain step
     that proposes nothing, so neither the drafter nor the look-ups are paid for; every
-    ``explore_every`` rounds it speculates anyway, to notice when that changes (after an explored round that
-    loses on its own, far enough apart that such rounds waste under ``explore_budget`` of the time, up to
-    ``max_explore_every`` rounds, since an explored round at high load can cost several plain steps; a winning
-    one resets it; a cheap loss at low load is soon explored again, so one unlucky round cannot hold plain
-    steps for long), and every
-    ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own
-    borrows the nearest bucket's. Explored speculation and refreshed plain steps each run ``burst_rounds``
-    rounds in a row, since the rate of a kind the guard rarely runs rests on its latest rounds, and a single
-    round's time and acceptance are too noisy to flip the decision on (a loss's interval counts the whole run).
-    The interval follows the bucket's rates, not the one round's, and only after ``min_evidence`` speculative
-    rounds in the bucket (a bucket's first rounds pay kernel set-up for
-    new shapes). The engine reports a round that resumes drafting without the drafter's catching up on the
-    context held back meanwhile (:func:`~adaflash_hf.decoding.state.catch_up_seconds`). So on a machine where verification costs as much per token as
+    ``explore_every`` rounds it speculates anyway, to notice when that changes. While a bucket loses, explored
+    rounds come far enough apart that they waste under ``explore_budget`` of the time, up to
+    ``max_explore_every`` rounds (an explored round at high load can cost several plain steps); the waste is
+    sized from the bucket's rates, not from one round's, and only after ``min_evidence`` speculative rounds
+    there (a bucket's first rounds pay kernel set-up for new shapes), so one unlucky round cannot hold plain
+    steps for long. Every ``refresh_plain_every`` rounds it times a plain step; a bucket without a plain
+    step of its own borrows the nearest bucket's. Explored speculation and refreshed plain steps each run
+    ``burst_rounds`` rounds in a row, since the rate of a kind the guard rarely runs rests on its latest
+    rounds, and a single round's time and acceptance are too noisy to flip the decision on. The engine reports
+    a round that resumes drafting without the drafter's catching up on the context held back meanwhile
+    (:func:`~adaflash_hf.decoding.state.catch_up_seconds`). So on a machine where verification costs as much per token as
     decoding (a saturated CPU at high load) it falls back to plain decoding instead of trusting an
     estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's
     rounds are too few and too varied to compare, and there the goodput choice alone decides.
@@ -335,7 +333,7 @@ class GoodputVerifyLength:
         sums[0] += tokens
         sums[1] += steps
         plain, spec = self.rate(bucket, False), self.rate(bucket, True)
-        if speculative and plain is not None:  # back off exploring while speculative rounds here lose, this one too
+        if speculative and plain is not None:  # back off exploring while speculative rounds here lose
             self._spec_rounds[bucket] = self._spec_rounds.get(bucket, 0) + 1
             if self.losing(bucket) and self._spec_rounds[bucket] >= self.min_evidence:
                 # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
