@@ -39,6 +39,8 @@ def traced_update(accept_lengths, verify_lens, seconds, proposed=None):
     if live["on"] and trace and trace[-1][2]:
         plain_step = policy.cost_model.cost_batch(len(verify_lens), 1)
         trace[-1][6] = float((accept_lengths + 1).sum()) / len(verify_lens) / (seconds / plain_step)
+        trace[-1].append((round(float((accept_lengths + 1).sum()) / len(verify_lens), 2), round(seconds / plain_step, 2),
+                          verify_lens.tolist()))
     update(accept_lengths, verify_lens, seconds, proposed=proposed)
 
 
@@ -67,8 +69,9 @@ for p in range(passes):
     run(ids[:max(16, 2 * c)] if passes > 1 else ids[:2 * c], c, 64)
 spec = [t for t in trace if t[2]]
 print(f"c={c}: {len(trace)} rounds, {len(spec)} speculative")
-for rows, bucket, _, losing, plain, rate, realised in spec:
-    print(f"rows {rows:2d} bucket {bucket} losing {losing!s:5} plain {plain or 0:.3f} spec {rate or 0:.3f} -> round realised {realised or 0:.3f}")
+for rows, bucket, _, losing, plain, rate, realised, *detail in spec:
+    print(f"rows {rows:2d} bucket {bucket} losing {losing!s:5} plain {plain or 0:.3f} spec {rate or 0:.3f} -> round realised {realised or 0:.3f}"
+          f" (tokens/row, plain steps, verify lengths: {detail[0] if detail else None})")
 print("explore intervals", policy._explore)
 print("trace (S speculative, . plain; lower case where the bucket was judged losing):")
 print("".join(("S" if t[2] else ".") if not t[3] else ("s" if t[2] else ",") for t in trace))
