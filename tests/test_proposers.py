@@ -206,6 +206,36 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
     assert policy._explore[4] == max(policy.explore_every, math.ceil(3 * lost / policy.explore_budget)) == 15
 
 
+def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says():
+    """While a bucket is held, the cost model's wider entries go stale (only plain steps run), so an explored round that
+    let it choose could verify anchors only and prove nothing: explored rounds verify every row's drafts up to the cap."""
+    cost = VerifyCostModel()
+    cost.update(4, 0.010, rows=4)
+    cost.update(4 * 5, 0.200, rows=4)  # stale: verifying 4 drafts per row looks 20 plain steps dear,
+    cost.update(4, 0.010)
+    cost.update(20, 0.400)  # in a ragged forward too
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, min_evidence=1, explore_budget=1.0)
+    rates = torch.full((4, 8), 0.6)
+    policy.update(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.010, proposed=False)
+    policy.update(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.020, proposed=True)  # a losing round
+    assert policy.losing(3)
+    lengths = []
+    for _ in range(8):
+        if policy.wants_drafts(4):
+            chosen = policy.verify_lens(rates, None).tolist()
+            if policy._exploring:  # (rounds it speculates in once exploring has shown that pays use the cost model again)
+                lengths.append(chosen)
+            policy.update(torch.full((4,), 2), torch.tensor(chosen), 0.020, proposed=True)
+        else:
+            assert int(policy.verify_lens(rates[:, :0], None).max()) == 1  # held: plain steps
+            policy.update(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.010, proposed=False)
+    assert lengths and all(max(row) >= 2 for row in lengths)  # the explored rounds verified drafts
+    assert all(max(row) <= max(policy.caps) for row in lengths)
+    from adaflash_hf.decoding.policy import ragged_verify_lens
+
+    assert int(ragged_verify_lens(rates, cost, None).max()) == 1  # what the stale cost model alone would have chosen
+
+
 def test_the_guard_asks_larger_batches_to_win_by_more():
     """Speculative rounds that realise 8 % more than plain steps pay at 4 rows, not at 16, where desynchronised rows cost
     what no single round shows; a loss counts that cost too."""

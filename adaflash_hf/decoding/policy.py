@@ -190,6 +190,7 @@ class GoodputVerifyLength:
     explore_budget: float = 0.01
     burst_rounds: int = 3
     min_evidence: int = 8
+    min_cap_steps: float = 4.0
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
@@ -205,6 +206,7 @@ class GoodputVerifyLength:
     _cap_rounds: dict = field(default_factory=dict, repr=False)  # rows bucket -> speculative rounds filed by cap
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
     _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
+    _exploring: bool = field(default=False, repr=False)  # whether the round wants_drafts allowed explores a held bucket
 
     def __post_init__(self):
         if self.burst_rounds < 1:
@@ -234,10 +236,18 @@ class GoodputVerifyLength:
         rows = 1 << max(bucket - 1, 0)
         return 1 + self.desync_per_row * (rows - 1)
 
+    def speculative_rate(self, bucket: int) -> float | None:
+        """What this bucket's speculative rounds realise under their best verify-length cap, which is what
+        :meth:`choose_cap` mostly runs (the caps explored beside it must not make speculation as a whole look worse
+        than it is); only caps with at least ``min_cap_steps`` plain steps' worth of decayed evidence compete, so one
+        lucky round cannot stand for a cap. Without such evidence, every speculative round's rate."""
+        rates = [sums[0] / sums[1] for (b, _), sums in self.capped.items() if b == bucket and sums[1] >= self.min_cap_steps]
+        return max(rates) if rates else self.rate(bucket, True)
+
     def losing(self, bucket: int) -> bool:
-        """Whether speculative rounds of this bucket realise less than plain steps, their :meth:`desync_cost`
-        counted (``margin`` in speculation's favour)."""
-        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
+        """Whether speculative rounds of this bucket, under their best cap, realise less than plain steps, their
+        :meth:`desync_cost` counted (``margin`` in speculation's favour)."""
+        plain, spec = self.rate(bucket, False), self.speculative_rate(bucket)
         return plain is not None and spec is not None and spec * self.margin < plain * self.desync_cost(bucket)
 
     def cap_rate(self, bucket: int, cap: int | None) -> float | None:
@@ -265,31 +275,36 @@ class GoodputVerifyLength:
         less often the longer it keeps losing), right after the first speculative round of a batch
         size, and once every ``refresh_plain_every`` rounds to time a plain step. A round it allows also
         gets its verify-length cap (:meth:`choose_cap`)."""
+        self._exploring = False
         proposing = self._guard(rows)
         self._round_cap = self.choose_cap(rows.bit_length()) if proposing and rows >= self.min_rows and self.caps else None
+        if self._exploring and self._round_cap is None and self.caps:
+            self._round_cap = max(self.caps)  # an explored round verifies up to a cap, whatever the cost model says
         return proposing
 
     def _guard(self, rows: int) -> bool:
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
-        kind, left = self._burst.get(bucket, (None, 0))
+        kind, left, exploring = self._burst.get(bucket, (None, 0, False))
         if left > 0:  # finishing a run of explored (or refreshing plain) rounds: one round is too noisy to judge by
-            self._burst[bucket] = (kind, left - 1)
+            self._burst[bucket] = (kind, left - 1, exploring)
+            self._exploring = exploring
             return kind
         if self.rate(bucket, True) is not None and (bucket, False) not in self.realised:
             return self._start_burst(bucket, False)  # speculated at this size but never timed a plain step here: time some now
         if self.losing(bucket):
             if self._since.get((bucket, True), 0) + 1 >= self._explore.get(bucket, self.explore_every):
-                return self._start_burst(bucket, True)
+                self._exploring = True
+                return self._start_burst(bucket, True, exploring=True)
             return False
         if self.rate(bucket, True) is None or self._since.get((bucket, False), 0) + 1 < self.refresh_plain_every:
             return True
         return self._start_burst(bucket, False)
 
-    def _start_burst(self, bucket: int, speculative: bool) -> bool:
+    def _start_burst(self, bucket: int, speculative: bool, exploring: bool = False) -> bool:
         """Run ``burst_rounds`` rounds of this kind in a row (this one included) and answer for this one."""
-        self._burst[bucket] = (speculative, self.burst_rounds - 1)
+        self._burst[bucket] = (speculative, self.burst_rounds - 1, exploring)
         return speculative
 
     def verify_lens(
@@ -302,6 +317,11 @@ class GoodputVerifyLength:
             cap = None
         self._used_cap = (rows, cap)
         limit = min((n for n in (self.max_verify_len, cap) if n is not None), default=None)
+        if self._exploring and rows >= self.min_rows and limit is not None:
+            # An explored round of a held bucket verifies every row's drafts up to the cap: the cost model's wider
+            # entries go stale while only plain steps run (a slow plain step raises them), and letting it choose
+            # would make exploring rounds verify nothing, prove nothing and keep the hold.
+            return torch.full((rows,), min(limit, rates.shape[1] + 1), dtype=torch.long)
         if self.ragged and rows > 1:
             return ragged_verify_lens(rates, cost_model, limit)
         length = goodput_verify_len(rates, cost_model, limit)
@@ -332,14 +352,14 @@ class GoodputVerifyLength:
         sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
         sums[0] += tokens
         sums[1] += steps
-        plain, spec = self.rate(bucket, False), self.rate(bucket, True)
+        plain = self.rate(bucket, False)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose
             self._spec_rounds[bucket] = self._spec_rounds.get(bucket, 0) + 1
             if self.losing(bucket) and self._spec_rounds[bucket] >= self.min_evidence:
                 # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
                 # acceptance are too noisy to set a long interval by), its desync included. A bucket's first
                 # ``min_evidence`` speculative rounds keep exploring frequent (they pay kernel set-up for new shapes).
-                lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
+                lost = tokens * (self.desync_cost(bucket) / self.speculative_rate(bucket) - 1 / plain)
                 interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)
             else:
