@@ -303,3 +303,34 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
     with pytest.raises(ValueError, match="block size 4"):
         train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "c"), init_from=str(first), **{**common, "block_size": 8}),
                       target, tokenizer)
+
+
+def test_generate_data_answers_a_users_prompt_file(tmp_path):
+    from adaflash_hf.training.configs import GenerateDataConfig
+    from adaflash_hf.training.data import _read_shard, generate_data
+
+    tokenizer = byte_tokenizer()
+    target = tiny_target(vocab=len(tokenizer), layers=2)
+    target.generation_config.eos_token_id = 2
+    target.generation_config.pad_token_id = 2
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    lines = [{"prompt": "hello there", "domain": "chat"}, {"prompt": "second chat", "domain": "chat"},
+             {"prompt": "1 + 2 =", "domain": "math"}]
+    (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    config = GenerateDataConfig(data_dir=str(tmp_path / "data"), target=str(tmp_path / "target"), target_dtype="fp32",
+                                prompts=str(tmp_path / "mine.jsonl"), prompts_per_domain=1, max_new_tokens=5, batch_size=2)
+    assert generate_data(config) == 0
+    shards = list((tmp_path / "data" / "train").glob("*/shard_*.safetensors"))
+    sequences = [s for shard in shards for s in _read_shard(shard)]
+    assert len(sequences) == 2  # one prompt per domain: the first chat line and the math line
+    for seq in sequences:  # each cached response is the target's own greedy continuation
+        prompt = seq.input_ids[: seq.start][None]
+        expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=5,
+                                   pad_token_id=2)[0, seq.start:]
+        end = next((j + 1 for j, t in enumerate(expected.tolist()) if t == 2), len(expected))
+        assert seq.input_ids[seq.start:].tolist() == expected[:end].tolist()
+
+    (tmp_path / "bad.jsonl").write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl: 1 bad line"):  # checked before any model loads
+        generate_data(GenerateDataConfig(data_dir=str(tmp_path / "data"), target="no-such-model", prompts=str(tmp_path / "bad.jsonl")))

@@ -246,18 +246,32 @@ def generate_responses(
 
 def generate_data(config: GenerateDataConfig) -> int:
     """Run :func:`generate_responses` over the training prompts train-drafter would use; resumable."""
-    from ..data import load_prompts
+    from ..data import load_prompts, load_prompts_jsonl
     from ..drafters import load_drafter
     from ..targets import load_target
 
+    if config.prompts is not None:  # read (and check) the user's prompts before loading any model
+        prompts = _first_per_domain(load_prompts_jsonl(config.prompts, default_domain="user"), config.prompts_per_domain)
+    else:
+        prompts = load_prompts(config.train_domains, split="train", limit_per_domain=config.prompts_per_domain, seed=config.seed)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     drafter = None if config.drafter == "none" else load_drafter(config.drafter, target, target_name=config.target)
-    prompts = load_prompts(config.train_domains, split="train", limit_per_domain=config.prompts_per_domain, seed=config.seed)
     sequences = generate_responses(target, tokenizer, list(prompts["prompt"]), Path(config.data_dir) / "train",
                                    max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, target_name=config.target,
                                    drafter=drafter, max_minutes=config.max_minutes)
     print(f"{len(sequences)} sequences, {sum(len(s) - s.start for s in sequences)} response tokens cached "
           f"(of {len(prompts)} prompts) in {config.data_dir}/train")
     return 0
+
+
+def _first_per_domain(prompts, limit: int):
+    """The first ``limit`` prompts of each domain of a prompt dataset, in file order."""
+    seen: dict[str, int] = {}
+    keep = []
+    for i, domain in enumerate(prompts["domain"]):
+        seen[domain] = seen.get(domain, 0) + 1
+        if seen[domain] <= limit:
+            keep.append(i)
+    return prompts.select(keep)

@@ -11,7 +11,7 @@ python results/session9/simulate.py cache  [num_prompts_per_domain] [dtype]     
 python results/session9/simulate.py run CONFIG [CONFIG ...]                      # e.g. nodes=16,branches=3 nodes=0
    CONFIG keys: nodes, branches, max_suffix, prior_weight, sources (e.g. suffix+datastore), prior (a file),
    warm (1: eval rows twice, 2: held-out training rows first), cap, oracle, scale, drafter_ms,
-   score_cost, any DraftingConfig field; SIM_DRAFTS=file picks the cached drafter blocks
+   score_cost, any DraftingConfig field; SIM_DRAFTS=file picks the cached drafter blocks, SIM_DATASTORE=file the datastore
 """
 import json
 import os
@@ -30,6 +30,7 @@ TRAIN_DATA = Path(__file__).resolve().parents[2] / "data/smollm2-135m/train"
 TRAIN_ROWS, TRAIN_DRAFTS = Path("/work/sim_cache/train_rows.json"), Path("/work/sim_cache/train_drafts.json")
 DRAFTER_MS = 2.6  # one drafter pass, bf16, batch 1: draft layer 2.1 ms + 4k draft head 0.5 ms (results/session9/drafter_cost.py)
 BUNDLED = Path(__file__).resolve().parents[2] / "adaflash_hf/bundled/smollm2-135m"
+DATASTORE = Path(os.environ.get("SIM_DATASTORE", BUNDLED / "datastore.safetensors"))  # session 17: another datastore
 # bf16 SmolLM2 forward of k new tokens over a 256-token cache, ms (session 8, results/session8/verify_cost.py)
 COSTS = {1: 39.4, 2: 46.6, 4: 51.5, 8: 58.2, 12: 69.0, 16: 77.4, 24: 97.1, 32: 111.7}
 if os.environ.get("SIM_COSTS"):  # another verify-cost curve, JSON {"tokens": ms}
@@ -164,7 +165,7 @@ def simulate(rows, spec: dict) -> dict:
     model = VerifyCostModel()
     model.seconds = {k: v / 1000 for k, v in COSTS.items()}
     policy = GoodputVerifyLength(cost_model=model)
-    datastore = load_datastore(BUNDLED / "datastore.safetensors") if config.datastore else None
+    datastore = load_datastore(DATASTORE) if config.datastore else None
     train_rows = json.loads(TRAIN_ROWS.read_text()) if spec.get("warm") == 2 else []
     if train_rows and config.datastore:  # the warm-up's own responses leave the datastore
         from safetensors.torch import load_file
@@ -172,7 +173,7 @@ def simulate(rows, spec: dict) -> dict:
         from adaflash_hf.decoding.proposers import NGramIndex
 
         held = {tuple(row["response"]) for row in train_rows}
-        tensors = load_file(str(BUNDLED / "datastore.safetensors"))
+        tensors = load_file(str(DATASTORE))
         datastore = NGramIndex(config.max_ngram)
         for stream in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()):
             if tuple(stream.tolist()) not in held:
@@ -219,7 +220,7 @@ def simulate(rows, spec: dict) -> dict:
             for key in stats:
                 stats[key] = 0
             if datastore is not None and train_rows:  # the bench's datastore: every cached response
-                proposer.datastore = load_datastore(BUNDLED / "datastore.safetensors")
+                proposer.datastore = load_datastore(DATASTORE)
         truth, produced, spent, rounds = row["output"], 1, 0.0, 0  # the prefill gives the first token
         proposer.add_row(r, row["prompt"] + truth[:1])
         while produced < len(truth):
