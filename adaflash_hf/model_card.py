@@ -67,6 +67,9 @@ BUNDLED_CARDS = (
         "(the vocabulary counted on all 67 shards of `adaflash generate-data`, 763,500 response tokens, which also form the "
         "datastore; 4,096 tokens rather than 32,768 because a drafter pass then costs 2.6 instead of 5.5 ms, measured, at the "
         "same drafter-alone acceptance, so it can run every round to score the look-up candidates).",
+        "Session 17 added to the datastore the target's 382,754 response tokens to 2,000 general assistant requests "
+        "(`data/instruct_prompts.jsonl`, `adaflash generate-data --prompts`): 1,146,254 tokens in all; in the offline "
+        "replay this raised chat from 1.64x to 1.75x plain and the whole set from 2.06x to 2.11x.",
         "Benchmark: 8 held-out prompts per domain, 96 new tokens, two torch threads on an otherwise idle Intel Xeon "
         "(AVX512-BF16, no AMX); `adaflash` is the library's default hybrid drafting with draft trees, `adaflash-chain` "
         "the same verifying one candidate per round, `adaflash-*` one draft source alone; the methods alternate prompt "
