@@ -319,6 +319,7 @@ def cli_error(argv: list[str], capsys) -> str:
         (["train-drafter", "--output-dir", "runs/x", "--target-dtype", "int8"], "argument --target-dtype: invalid choice: 'int8'"),
         (["train-drafter", "--block-size", "8"], "the following arguments are required: --output-dir"),
         (["generate-data", "--data-dir", "d", "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+        (["generate-data", "--data-dir", "d", "--prompts", "no/such/prompts.jsonl"], "Prompt file no/such/prompts.jsonl does not exist"),
         (["prepare-drafter", "--drafter", "auto", "--output-dir", "o", "--data-dir", "no/such/data"],
          "data_dir no/such/data: no such folder"),
         (["prepare-drafter", "--drafter", "auto", "--output-dir", "o"], "nothing to count: give data_dir"),

@@ -29,9 +29,15 @@ sums = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0])  # (rows, speculative) 
 step, on_round = batch.step, batch.on_round
 
 
+gaps = []
+
+
 def timed_step():
     start = time.perf_counter()
+    if live["on"] and "end" in last and len(batch):
+        gaps.append(start - last["end"])
     out = step()
+    last["end"] = time.perf_counter()
     if live["on"] and "stats" in last:
         st = last.pop("stats")
         key = (len(st.rows), any(v > 1 for v in st.verify_lens))
@@ -71,6 +77,9 @@ run(ids[-4:], 2, 16)
 run(ids[:c], c, 8)
 live["on"] = True
 run(ids[:max(16, 2 * c)], c, 64)
+gaps.sort()
+if gaps:
+    print(f"between rounds (scheduler work, prefills included): median {gaps[len(gaps) // 2] * 1e3:.2f} ms, mean {sum(gaps) / len(gaps) * 1e3:.2f} ms")
 print(f"{method} at c={c}: rows, speculative, rounds, ms per round (propose + verify + rest), tokens per row, verified per row")
 for (rows, spec), (n, wall, prop, ver, toks, verified) in sorted(sums.items()):
     if n >= 3:
