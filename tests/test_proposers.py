@@ -263,7 +263,7 @@ def test_the_guard_caps_verify_lengths_at_the_cap_that_realises_most():
     steps = {None: 2.5, 4: 1.5, 2: 1.2}  # and the round's time in plain steps: 1.20, 1.67 and 1.51 tokens per step
     rates = torch.full((16, 8), 0.9)
     used = []
-    for _ in range(80):
+    for _ in range(200):
         if not policy.wants_drafts(16):
             policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100, proposed=False)
             continue
@@ -276,6 +276,7 @@ def test_the_guard_caps_verify_lengths_at_the_cap_that_realises_most():
     assert int(policy.verify_lens(rates[:1], None).max()) == 9  # one row: uncapped (the guard does not watch it)
     later = used[20:]
     assert later.count(4) > 0.8 * len(later) and {None, 2} <= set(later)  # the best, and the others explored
+    assert later.count(None) < later.count(2)  # the clearly worse arm (0.72 of the best) less often than the close one
     assert policy.cap_rate(5, 4) > max(policy.cap_rate(5, None), policy.cap_rate(5, 2))
     with pytest.raises(ValueError, match="caps"):
         GoodputVerifyLength(caps=(1,))
