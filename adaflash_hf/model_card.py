@@ -243,7 +243,7 @@ def _draft_data_lines(config: dict, draft_data: dict | None, prior: dict | None 
                      "(logits only over these; verification stays over the full vocabulary, so decoding stays lossless)")
     if draft_data and draft_data.get("datastore_tokens"):
         lines.append(f"- `datastore.safetensors`: {draft_data['datastore_tokens']} tokens of the target's own greedy responses to "
-                     "training prompts, used by the engine's `datastore` draft source (suffix matches)")
+                     "cached prompts (`adaflash generate-data`), used by the engine's `datastore` draft source (suffix matches)")
     if draft_data and draft_data.get("retention_samples"):
         lines.append(f"- `retention.safetensors`: {draft_data['retention_samples']} training prompts with the target's responses; "
                      "on-line distillation (`AdaFlashOPD`) publishes no adapter that loses more than 2 % of the drafter's τ on them")
