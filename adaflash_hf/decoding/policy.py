@@ -251,7 +251,9 @@ class GoodputVerifyLength:
     def losing(self, bucket: int) -> bool:
         """Whether speculative rounds of this bucket, under their best cap, realise less than plain steps, their
         :meth:`desync_cost` counted (``margin`` in speculation's favour)."""
-        plain, spec = self.rate(bucket, False), self.speculative_rate(bucket)
+        return self._loses(bucket, self.rate(bucket, False), self.speculative_rate(bucket))
+
+    def _loses(self, bucket: int, plain: float | None, spec: float | None) -> bool:
         return plain is not None and spec is not None and spec * self.margin < plain * self.desync_cost(bucket)
 
     def cap_rate(self, bucket: int, cap: int | None) -> float | None:
@@ -365,11 +367,12 @@ class GoodputVerifyLength:
         plain = self.rate(bucket, False)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose
             self._spec_rounds[bucket] = self._spec_rounds.get(bucket, 0) + 1
-            if self.losing(bucket) and self._spec_rounds[bucket] >= self.min_evidence:
+            spec = self.speculative_rate(bucket)
+            if self._loses(bucket, plain, spec) and self._spec_rounds[bucket] >= self.min_evidence:
                 # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
                 # acceptance are too noisy to set a long interval by), its desync included. A bucket's first
                 # ``min_evidence`` speculative rounds keep exploring frequent (they pay kernel set-up for new shapes).
-                lost = tokens * (self.desync_cost(bucket) / self.speculative_rate(bucket) - 1 / plain)
+                lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
                 interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
                 self._explore[bucket] = min(interval, self.max_explore_every)
             else:

@@ -11,16 +11,14 @@ from collections import defaultdict
 import torch
 
 from adaflash_hf import load_drafter, load_target
-from adaflash_hf.data import load_prompts
-from adaflash_hf.serving.loadtest import make_scheduler, serve_while
+from adaflash_hf.prompting import chat_prompt_ids
+from adaflash_hf.serving.loadtest import ConcurrencyBenchArgs, bench_prompts, make_scheduler, serve_while
 from adaflash_hf.serving.scheduler import RequestParams
 
 torch.set_num_threads(2)
 target, tok = load_target("smollm2-135m", dtype="auto")
 drafter = load_drafter("auto", target, target_name="smollm2-135m")
-groups = [[r["prompt"] for r in load_prompts(d, split="eval").to_list()] for d in ("code", "math", "chat", "news")]
-mixed = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=True)["input_ids"] for p in mixed]
+ids = [chat_prompt_ids(tok, p) for p in bench_prompts(ConcurrencyBenchArgs())]  # the bench's eval prompts, domains interleaved
 c, method = int(sys.argv[1]), sys.argv[2]
 s = make_scheduler(method, target, None if method == "plain" else drafter, tok, 32, "smollm2-135m")
 batch = s.batch
