@@ -172,14 +172,16 @@ class GoodputVerifyLength:
     estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's
     rounds are too few and too varied to compare, and there the goodput choice alone decides.
 
-    The same realised rates also pick how far the goodput choice may go at each batch size: every
-    speculative round of ``min_rows`` rows or more verifies at most ``cap`` tokens per row, for the cap
-    (one of ``caps``, or none) whose rounds have realised the most tokens per plain step's time in this
-    bucket; each untried cap gets a round first, and every ``cap_explore_every``-th speculative round
-    tries another cap in turn (a cap realising under ``cap_prune`` of the best only every ``cap_prune_every``-th
-    such turn). Where the cost model is right the uncapped choice wins; where it
-    underrates what long verification costs at a load (a saturated CPU), a short cap wins and the guard
-    then compares plain steps with those cheaper rounds, not with the long ones.
+    The same realised rates also pick the verify rule of each batch size, among arms: the goodput choice
+    (``None``), or a fixed length ``cap`` (one of ``caps``) at which every row verifies its drafts up to
+    ``cap`` tokens, as ``adaflash@cap`` does. Every speculative round of ``min_rows`` rows or more runs the arm
+    whose rounds have realised the most tokens per plain step's time in this bucket; each untried arm gets a
+    round first, and every ``cap_explore_every``-th speculative round tries another in turn (an arm realising
+    under ``cap_prune`` of the best only every ``cap_prune_every``-th such turn). Where the cost model and the
+    acceptance estimates are right the goodput choice wins; where they are off at a load (a cost table learnt
+    from few, noisy forwards, which at 4 rows made it verify a third of the rows' anchors only, session 18),
+    a fixed length wins, so the policy realises at least what the best of ``adaflash@cap`` does, less what
+    exploring the other arms costs, and the guard compares plain steps with that arm's rounds.
     """
 
     max_verify_len: int | None = None
@@ -262,8 +264,8 @@ class GoodputVerifyLength:
         return None if sums is None or sums[1] <= 0 else sums[0] / sums[1]
 
     def choose_cap(self, bucket: int) -> int | None:
-        """The verify-length cap of this bucket's next speculative round (None: uncapped): an untried one first,
-        then the best realised one, and every ``cap_explore_every``-th round another in turn. Arms that realise
+        """The verify-length arm of this bucket's next speculative round (None: the goodput choice; a number: that
+        fixed length): an untried one first, then the best realised one, and every ``cap_explore_every``-th round another in turn. Arms that realise
         less than ``cap_prune`` of the best take only every ``cap_prune_every``-th of those turns (successive
         elimination): an uncapped round of 16 rows can verify 17 tokens a row and cost five plain steps, so
         retrying a clearly worse arm as often as a close one costs more than it can teach."""
@@ -329,10 +331,11 @@ class GoodputVerifyLength:
             cap = None
         self._used_cap = (rows, cap)
         limit = min((n for n in (self.max_verify_len, cap) if n is not None), default=None)
-        if self._exploring and rows >= self.min_rows and limit is not None:
-            # An explored round of a held bucket verifies every row's drafts up to the cap: the cost model's wider
-            # entries go stale while only plain steps run (a slow plain step raises them), and letting it choose
-            # would make exploring rounds verify nothing, prove nothing and keep the hold.
+        if (cap is not None or self._exploring) and rows >= self.min_rows and limit is not None:
+            # A fixed-length arm (and any explored round of a held bucket) verifies every row's drafts up to the
+            # cap, whatever the cost model says: its rounds measure what adaflash@cap realises. (While a bucket is
+            # held the cost model's wider entries go stale, and letting it choose would make exploring rounds
+            # verify nothing, prove nothing and keep the hold.)
             return torch.full((rows,), min(limit, rates.shape[1] + 1), dtype=torch.long)
         if self.ragged and rows > 1:
             return ragged_verify_lens(rates, cost_model, limit)
@@ -430,4 +433,6 @@ class LengthHeadVerifyLength(GoodputVerifyLength):
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
+        if self._round_cap is not None and rates.shape[0] >= self.min_rows:  # a fixed-length arm: no estimate needed
+            return super().verify_lens(rates, draft_hidden_states, sources)
         return super().verify_lens(self.head_rates(rates, draft_hidden_states, sources), draft_hidden_states, sources)

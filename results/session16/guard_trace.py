@@ -4,15 +4,17 @@ was judged losing, both realised rates, and the round's realised tokens per plai
 
 python results/session16/guard_trace.py 16 [passes]
 """
-import asyncio
+import pathlib
 import sys
 
 import torch
 
 from adaflash_hf import load_drafter, load_target
 from adaflash_hf.data import load_prompts
-from adaflash_hf.serving.loadtest import make_scheduler, serve_while
-from adaflash_hf.serving.scheduler import RequestParams
+from adaflash_hf.serving.loadtest import make_scheduler
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # results/: the probes' helpers
+from probes import run_load  # noqa: E402
 
 torch.set_num_threads(2)
 target, tok = load_target("smollm2-135m", dtype="auto")
@@ -47,26 +49,15 @@ def traced_update(accept_lengths, verify_lens, seconds, proposed=None):
 policy._guard, policy.update = traced_guard, traced_update
 
 
-def run(prompts, conc, tokens):
-    async def main():
-        sem = asyncio.Semaphore(conc)
-
-        async def one(p):
-            async with sem:
-                return await s.submit(p, RequestParams(max_new_tokens=tokens)).collect()
-
-        return await asyncio.gather(*(one(p) for p in prompts))
-
-    return serve_while(s, main)
 
 
 passes = int(sys.argv[2]) if len(sys.argv) > 2 else 1  # as the bench's --repeats: the last pass is traced
-run(ids[-4:], 2, 16)
-run(ids[:c], c, 8)
+run_load(s, ids[-4:], 2, 16)
+run_load(s, ids[:c], c, 8)
 for p in range(passes):
     s.drafting_state.forget_requests()
     live["on"] = p == passes - 1
-    run(ids[:max(16, 2 * c)] if passes > 1 else ids[:2 * c], c, 64)
+    run_load(s, ids[:max(16, 2 * c)] if passes > 1 else ids[:2 * c], c, 64)
 spec = [t for t in trace if t[2]]
 print(f"c={c}: {len(trace)} rounds, {len(spec)} speculative")
 for rows, bucket, _, losing, plain, rate, realised, *detail in spec:

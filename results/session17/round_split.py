@@ -3,7 +3,7 @@ verifying (target forward + acceptance) and the rest, for speculative and plain 
 
 python results/session17/round_split.py C METHOD   (METHOD: adaflash, adaflash@4, plain)
 """
-import asyncio
+import pathlib
 import sys
 import time
 from collections import defaultdict
@@ -12,8 +12,10 @@ import torch
 
 from adaflash_hf import load_drafter, load_target
 from adaflash_hf.prompting import chat_prompt_ids
-from adaflash_hf.serving.loadtest import ConcurrencyBenchArgs, bench_prompts, make_scheduler, serve_while
-from adaflash_hf.serving.scheduler import RequestParams
+from adaflash_hf.serving.loadtest import ConcurrencyBenchArgs, bench_prompts, make_scheduler
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # results/: the probes' helpers
+from probes import run_load  # noqa: E402
 
 torch.set_num_threads(2)
 target, tok = load_target("smollm2-135m", dtype="auto")
@@ -58,23 +60,12 @@ def hook(stats):
 batch.step, batch.on_round = timed_step, hook
 
 
-def run(prompts, conc, tokens):
-    async def main():
-        sem = asyncio.Semaphore(conc)
-
-        async def one(p):
-            async with sem:
-                return await s.submit(p, RequestParams(max_new_tokens=tokens)).collect()
-
-        return await asyncio.gather(*(one(p) for p in prompts))
-
-    return serve_while(s, main)
 
 
-run(ids[-4:], 2, 16)
-run(ids[:c], c, 8)
+run_load(s, ids[-4:], 2, 16)
+run_load(s, ids[:c], c, 8)
 live["on"] = True
-run(ids[:max(16, 2 * c)], c, 64)
+run_load(s, ids[:max(16, 2 * c)], c, 64)
 gaps.sort()
 if gaps:
     print(f"between rounds (scheduler work, prefills included): median {gaps[len(gaps) // 2] * 1e3:.2f} ms, mean {sum(gaps) / len(gaps) * 1e3:.2f} ms")
