@@ -265,10 +265,10 @@ class GoodputVerifyLength:
 
     def choose_cap(self, bucket: int) -> int | None:
         """The verify-length arm of this bucket's next speculative round (None: the goodput choice; a number: that
-        fixed length): an untried one first, then the best realised one, and every ``cap_explore_every``-th round another in turn. Arms that realise
-        less than ``cap_prune`` of the best take only every ``cap_prune_every``-th of those turns (successive
-        elimination): an uncapped round of 16 rows can verify 17 tokens a row and cost five plain steps, so
-        retrying a clearly worse arm as often as a close one costs more than it can teach."""
+        fixed length): an untried one first, then the best realised one, and every ``cap_explore_every``-th round
+        another in turn. Arms that realise less than ``cap_prune`` of the best take only every ``cap_prune_every``-th
+        of those turns (successive elimination): a goodput round of 16 rows can verify 17 tokens a row and cost five
+        plain steps, so retrying a clearly worse arm as often as a close one costs more than it can teach."""
         arms = (None, *self.caps)
         untried = [cap for cap in arms if (bucket, cap) not in self.capped]
         if untried:
@@ -288,7 +288,7 @@ class GoodputVerifyLength:
         tokens per second than plain steps (an explored speculative round keeps that evidence fresh,
         less often the longer it keeps losing), right after the first speculative round of a batch
         size, and once every ``refresh_plain_every`` rounds to time a plain step. A round it allows also
-        gets its verify-length cap (:meth:`choose_cap`)."""
+        gets its verify-length arm (:meth:`choose_cap`)."""
         self._exploring = False
         proposing = self._guard(rows)
         self._round_cap = self.choose_cap(rows.bit_length()) if proposing and rows >= self.min_rows and self.caps else None
