@@ -92,9 +92,9 @@ BUNDLED_CARDS = (
         "with the earlier 32,768-token head, the same datastore and prior, in one session). Session 13: the same with "
         "`--keep-vocab` on 251 cached self-generated training responses (56,424 tokens, twice the earlier datastore; tau "
         "1.47 -> 1.54 in an A/B, one prompt per domain).",
-        "Benchmark: two torch threads on an otherwise idle AMD EPYC (AVX512-BF16, no AMX), two prompts per domain "
-        "(96 new tokens); `adaflash` drafts with draft trees, `adaflash-suffix` uses suffix matches alone; `assisted` "
-        "uses qwen2.5-coder-0.5b as the draft model. On an Intel Xeon without AMX, where verifying 16 tokens costs "
+        "Benchmark (session 18): two torch threads on an otherwise idle AMD EPYC (AVX512-BF16, no AMX), four prompts per "
+        "domain (96 new tokens); `adaflash` is the library's default hybrid drafting with draft trees; `assisted` uses "
+        "qwen2.5-coder-0.5b as the draft model. On an Intel Xeon without AMX, where verifying 16 tokens costs "
         "2.5 plain steps, the engine made 1.07-1.17x (session 10).",
         "Research log: results/experiments.md in the adaflash-hf repository.",
     )),
