@@ -8,7 +8,7 @@ import torch
 from adaflash_hf import DraftingConfig, DraftingState, GoodputVerifyLength, generate
 from adaflash_hf._compat import CACHE_KWARG, RaggedCache, RaggedLayout, ragged_forward, supports_ragged
 from adaflash_hf.decoding import state as state_module
-from adaflash_hf.decoding.cost import VerifyCostModel, isotonic
+from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.policy import MIN_GAIN, ragged_verify_lens
 from adaflash_hf.decoding.state import SpeculativeBatch
 from adaflash_hf.decoding.tree import tree_attention_mask
@@ -165,24 +165,6 @@ def test_ragged_lengths_take_the_likeliest_drafts_as_row_prefixes():
     lengths = ragged_verify_lens(rates, steep)
     assert lengths[1] == 1 and lengths[0] >= lengths[2] >= 1 and lengths[0] > 1
     assert ragged_verify_lens(torch.zeros(2, 0), flat).tolist() == [1, 1]
-
-
-def test_one_slow_ragged_forward_does_not_make_every_larger_count_look_dear():
-    """Ragged rounds carry a different token count almost every time; a count timed once, slowly (53 ms at 7 tokens
-    where 12-21 tokens take 49-56 ms, session 18 at 4 rows), is averaged with its better-measured neighbours instead
-    of raising them, and the table read by the policy stays non-decreasing."""
-    cost = VerifyCostModel()
-    for _ in range(10):
-        for tokens, seconds in ((5, 0.038), (6, 0.039), (12, 0.049), (21, 0.056)):
-            cost.update(tokens, seconds, rows=4, ragged=True)
-    cost.update(7, 0.0535, rows=4, ragged=True)
-    table = cost.ragged_table(4)
-    values = [table[k] for k in sorted(table)]
-    assert values == sorted(values)
-    assert cost.cost_ragged(4, 12) < 0.051 and cost.cost_ragged(4, 7) < 0.051  # the slow timing weighs 1 against 10
-    assert cost.cost_ragged(4, 18) == pytest.approx(0.049 + (0.056 - 0.049) * 6 / 9, abs=0.002)
-    assert isotonic([3.0, 1.0, 2.0], [1, 1, 1]) == pytest.approx([2.0, 2.0, 2.0])
-    assert isotonic([1.0, 5.0, 2.0], [1, 1, 3]) == pytest.approx([1.0, 2.75, 2.75])
 
 
 def test_ragged_cost_falls_back_to_the_rectangular_estimate_then_interpolates():

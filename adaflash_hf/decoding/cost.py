@@ -9,10 +9,7 @@ measured smaller count scaled by a prior slope. Memory is bounded by the largest
 The tables stay monotone: a forward with more new tokens (or rows) never costs less than one with fewer.
 Each fresh measurement wins over the entries it contradicts. Without that, an entry that is rarely
 measured again (the one-token step, while the engine verifies trees) keeps the cost of slow first
-rounds, and an inflated plain step makes every speculative choice look cheap. The ragged table is the exception:
-its counts change from round to round, so it keeps every count's own estimate and is read through a weighted
-isotonic fit (:meth:`VerifyCostModel.ragged_table`), where one slow timing is averaged with its neighbours
-instead of overriding them.
+rounds, and an inflated plain step makes every speculative choice look cheap.
 """
 
 from __future__ import annotations
@@ -53,8 +50,6 @@ class VerifyCostModel:
         self.row_seconds: dict[int, float] = {}
         self.batch_seconds: dict[tuple[int, int], float] = {}
         self.ragged_seconds: dict[int, dict[int, float]] = {}  # rows -> {new tokens in all: seconds}, ragged forwards
-        self.ragged_counts: dict[int, dict[int, int]] = {}  # rows -> {new tokens in all: forwards timed, at most MAX_WEIGHT}
-        self._ragged_fits: dict[int, dict[int, float]] = {}  # rows -> the monotone fit of its table (until the next update)
 
     @property
     def measured(self) -> bool:
@@ -69,10 +64,9 @@ class VerifyCostModel:
         """Feed a measured forward of ``rows`` rows with ``num_tokens`` new tokens in all (``ragged``: rows
         of different lengths packed into one, see :meth:`cost_ragged`)."""
         if ragged and rows > 1:
-            self._ema(self.ragged_seconds.setdefault(rows, {}), num_tokens, seconds)
-            counts = self.ragged_counts.setdefault(rows, {})
-            counts[num_tokens] = min(counts.get(num_tokens, 0) + 1, MAX_WEIGHT)
-            self._ragged_fits.pop(rows, None)
+            table = self.ragged_seconds.setdefault(rows, {})
+            self._ema(table, num_tokens, seconds)
+            keep_monotone(table, num_tokens)
         elif rows <= 1:
             self._ema(self.seconds, num_tokens, seconds)
             keep_monotone(self.seconds, num_tokens)
@@ -114,33 +108,14 @@ class VerifyCostModel:
         """
         if rows <= 1:
             return self.cost(num_tokens)
-        table = self.ragged_table(rows)
-        if table and len(table) >= 2:
-            return float(self.cost_ragged_curve(rows, range(num_tokens, num_tokens + 1))[0])
-        if table and num_tokens in table:
-            return table[num_tokens]
+        table = self.ragged_seconds.get(rows)
+        if table and (num_tokens in table or len(table) >= 2):
+            return interpolate(table, num_tokens)
         return self.cost_batch(rows, -(-num_tokens // rows))
-
-    def ragged_table(self, rows: int) -> dict[int, float]:
-        """The ragged forwards of ``rows`` rows, {new tokens: seconds}, made monotone by a weighted isotonic fit.
-
-        Ragged rounds carry a different token count almost every time, so most counts are timed a few times
-        and each timing is noisy. Where a count's estimate contradicts its neighbours, they are pooled into
-        their average, weighted by how often each count was timed (:func:`isotonic`), so a slow forward timed
-        once cannot make every larger count look as dear (session 18: steps such as 6 -> 7 tokens at 39 -> 53 ms
-        at 4 rows, which made the goodput choice verify a third of the rows' anchors only)."""
-        fit = self._ragged_fits.get(rows)
-        if fit is None:
-            table = self.ragged_seconds.get(rows) or {}
-            counts = self.ragged_counts.get(rows, {})
-            keys = sorted(table)
-            fit = dict(zip(keys, isotonic([table[k] for k in keys], [counts.get(k, 1) for k in keys])))
-            self._ragged_fits[rows] = fit
-        return fit
 
     def cost_ragged_curve(self, rows: int, totals: range) -> torch.Tensor:
         """:meth:`cost_ragged` for every token count in ``totals`` at once (the table is sorted once)."""
-        table = self.ragged_table(rows) if rows > 1 else None
+        table = self.ragged_seconds.get(rows)
         if rows <= 1 or not table or len(table) < 2:
             return torch.tensor([self.cost_ragged(rows, t) for t in totals], dtype=torch.float64)
         keys = torch.tensor(sorted(table), dtype=torch.float64)
@@ -149,10 +124,6 @@ class VerifyCostModel:
         hi = torch.searchsorted(keys, x).clamp(1, len(keys) - 1)  # segment [hi - 1, hi]; the outer ones extend
         lo = hi - 1
         slope = (values[hi] - values[lo]) / (keys[hi] - keys[lo])
-        # Past the largest count, at least the table's mean slope: the fit pools contradicting counts into flat
-        # stretches, and a flat last stretch would make verifying more than was ever timed look free.
-        mean_slope = (values[-1] - values[0]) / (keys[-1] - keys[0])
-        slope = torch.where(x > keys[-1], slope.clamp_min(float(mean_slope)), slope)
         return (values[lo] + slope * (x - keys[lo])).clamp_min(1e-6)
 
     def cost(self, num_tokens: int) -> float:
@@ -243,22 +214,6 @@ class VerifyCostModel:
             measured[n] = best
             self.seconds[n] = best
         return measured
-
-
-MAX_WEIGHT = 16  # a count timed this often weighs no more in the ragged fit: old timings fade through the EMA anyway
-
-
-def isotonic(values: list[float], weights: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to ``values`` in weighted least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, length]
-    for value, weight in zip(values, weights):
-        blocks.append([value, weight, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, weight, length = blocks.pop()
-            before = blocks[-1]
-            total = before[1] + weight
-            blocks[-1] = [(before[0] * before[1] + mean * weight) / total, total, before[2] + length]
-    return [mean for mean, _, length in blocks for _ in range(int(length))]
 
 
 def keep_monotone(table: dict[int, float], fresh: int) -> None:
