@@ -113,6 +113,7 @@ class RaggedLayout:
 
 
 _RAGGED: contextvars.ContextVar[RaggedLayout | None] = contextvars.ContextVar("adaflash_ragged", default=None)
+_FOLD: contextvars.ContextVar[bool] = contextvars.ContextVar("adaflash_fold_gqa", default=False)
 
 
 class GrowingLayer(DynamicLayer):
@@ -204,28 +205,80 @@ class RaggedCache(DynamicCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def _ragged_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
-    """SDPA for a packed query (1, H, T, d) over the padded cache; returns (1, T, H, d) like SDPA's (b, q, H, d).
+def _stock_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
+    """Whatever "sdpa" was before the override: transformers' own, or another library's override."""
+    return (_OVERRIDE_USERS[1] or _OVERRIDE_USERS[2])(module, query, key, value, attention_mask, *args, **kwargs)
 
-    Where at most half the rows verify more than their anchor, the anchors of all rows attend in one
-    one-query pass and only the longer rows' queries in a second (over a copy of those rows' keys and
+
+FOLD_MIN_ROWS = 4  # below this, a forward of several query tokens per row runs as fast through SDPA's own GQA
+FOLD_MAX_QUERIES = 32  # query tokens per row it was measured up to (verification, a drafter block); prefills stay stock
+
+
+def folds(module, query: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0, **kwargs) -> bool:
+    """Whether :func:`folded_sdpa` applies to this attention call (and measured faster than stock SDPA)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    b, _, q, _ = query.shape
+    if groups < 2 or dropout or any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "sliding_window")):
+        return False
+    if attention_mask is None:  # no mask: a single query, or a bidirectional block (the drafter's)
+        masked_ok = q == 1 or not kwargs.get("is_causal", getattr(module, "is_causal", True))
+    else:
+        masked_ok = attention_mask.dim() == 4 and attention_mask.shape[1] == 1
+    return masked_ok and (q == 1 or (b >= FOLD_MIN_ROWS and q <= FOLD_MAX_QUERIES))
+
+
+def folded_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """SDPA for grouped-query attention with each key/value head's query heads folded into the query axis.
+
+    query (b, H, q, d), key/value (b, H_kv, S, d), mask (b or 1, 1, q, S) or None -> ((b, q, H, d), None),
+    as transformers' SDPA returns. Query head h reads key/value head h // g (g = H / H_kv, as ``repeat_kv``),
+    so (b, H, q, d) reshapes to (b, H_kv, g*q, d) and one SDPA call over the unrepeated cache serves all g heads,
+    the mask repeated for each. transformers folds this way for a single query token; for several (a verify
+    or a drafter block) it repeats the cache per head or passes ``enable_gqa``, and for a single token without
+    a mask it passes ``enable_gqa`` too. On a 2-core CPU (bf16 SmolLM2 shapes) one query token over 300 cached,
+    one row: 0.25 -> 0.08 ms; 32 rows over 500: 16.7 -> 2.8 ms; 16 rows of 8 tokens: 1.8 -> 1.5 ms; at one row
+    and 8-32 tokens it measured 0.9x, so a forward of several tokens is folded from ``FOLD_MIN_ROWS`` rows
+    (``results/session19/fold_attention.py``). Each query's output is computed by the same kernel over the same
+    keys, so it agrees with stock SDPA to rounding.
+    """
+    b, heads, q, d = query.shape
+    kv_heads, groups = key.shape[1], heads // key.shape[1]
+    folded = query.reshape(b, kv_heads, groups * q, d)
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[:, :, None].expand(mask.shape[0], 1, groups, q, mask.shape[-1]).reshape(mask.shape[0], 1, groups * q, -1)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
+
+
+def _attend(module, query, key, value, attention_mask, *args, **kwargs):
+    """Folded where it applies and this thread asked for it (:func:`fold_gqa`), else the stock SDPA."""
+    if _FOLD.get() and not args and folds(module, query, attention_mask, **kwargs):
+        return folded_sdpa(module, query, key, value, attention_mask, **kwargs)
+    return _stock_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+
+
+def _engine_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
+    """The ``"sdpa"`` override: ragged forwards (:func:`ragged_forward`), folded GQA (:func:`fold_gqa`), else stock.
+
+    A ragged forward's query is packed (1, H, T, d) over the padded cache; it returns (1, T, H, d) like SDPA's
+    (b, q, H, d). Where at most half the rows verify more than their anchor, the anchors of all rows attend in
+    one one-query pass and only the longer rows' queries in a second (over a copy of those rows' keys and
     values); otherwise all rows attend over the padded (b, W) layout.
     """
-    sdpa_attention_forward = _OVERRIDE_USERS[2]  # transformers' SDPA, bound when the override was installed
     layout = _RAGGED.get()
-    if layout is None:  # not a ragged forward: whatever "sdpa" was before the override
-        return (_OVERRIDE_USERS[1] or sdpa_attention_forward)(module, query, key, value, attention_mask, *args, **kwargs)
+    if layout is None:
+        return _attend(module, query, key, value, attention_mask, *args, **kwargs)
     padded = layout.unpack_heads(query)  # (b, H, W, d)
     b, _, width, _ = padded.shape
     long_rows = layout.long_rows
     if 2 * long_rows.numel() > b:
-        out, weights = sdpa_attention_forward(module, padded, key, value, attention_mask, *args, **kwargs)  # (b, W, H, d)
+        out, weights = _attend(module, padded, key, value, attention_mask, *args, **kwargs)  # (b, W, H, d)
         return layout.pack(out), weights
-    anchors, weights = sdpa_attention_forward(module, padded[:, :, :1], key, value, attention_mask[:, :, :1], *args, **kwargs)
+    anchors, weights = _attend(module, padded[:, :, :1], key, value, attention_mask[:, :, :1], *args, **kwargs)
     out = anchors.expand(-1, width, -1, -1).clone()  # (b, W, H, d)
     if long_rows.numel():
-        rest, _ = sdpa_attention_forward(module, padded[long_rows], key[long_rows], value[long_rows], attention_mask[long_rows],
-                                         *args, **kwargs)
+        rest, _ = _attend(module, padded[long_rows], key[long_rows], value[long_rows], attention_mask[long_rows], *args, **kwargs)
         out[long_rows] = rest
     return layout.pack(out), weights
 
@@ -240,13 +293,9 @@ _OVERRIDE_USERS = [0, None, None]  # forwards inside ragged_forward across threa
 
 
 @contextmanager
-def ragged_forward(layout: RaggedLayout):
-    """Inside the block, a forward of packed input (1, T) with a :class:`RaggedCache` and a padded 4-D mask
-    (b, 1, W, S + W) attends row by row as the padded forward would, while its linear layers see T tokens.
-
-    The ``"sdpa"`` override is installed while any thread is inside the block and passes every other
-    attention call (other threads, other models) through to transformers' SDPA unchanged.
-    """
+def _sdpa_override():
+    """Installs the ``"sdpa"`` override while any thread is inside; it passes every call that no engine forward of
+    this thread asked for (other threads, other models) through to the SDPA it replaced, unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -254,13 +303,11 @@ def ragged_forward(layout: RaggedLayout):
     with _OVERRIDE_LOCK:
         if _OVERRIDE_USERS[0] == 0:
             _OVERRIDE_USERS[1], _OVERRIDE_USERS[2] = local.get("sdpa"), sdpa_attention_forward
-            local["sdpa"] = _ragged_sdpa
+            local["sdpa"] = _engine_sdpa
         _OVERRIDE_USERS[0] += 1
-    token = _RAGGED.set(layout)
     try:
         yield
     finally:
-        _RAGGED.reset(token)
         with _OVERRIDE_LOCK:
             _OVERRIDE_USERS[0] -= 1
             if _OVERRIDE_USERS[0] == 0:
@@ -268,3 +315,32 @@ def ragged_forward(layout: RaggedLayout):
                     local.pop("sdpa", None)
                 else:
                     local["sdpa"] = _OVERRIDE_USERS[1]
+
+
+@contextmanager
+def ragged_forward(layout: RaggedLayout):
+    """Inside the block, a forward of packed input (1, T) with a :class:`RaggedCache` and a padded 4-D mask
+    (b, 1, W, S + W) attends row by row as the padded forward would, while its linear layers see T tokens."""
+    with _sdpa_override():
+        token = _RAGGED.set(layout)
+        try:
+            yield
+        finally:
+            _RAGGED.reset(token)
+
+
+@contextmanager
+def fold_gqa(device: torch.device):
+    """Inside the block, this thread's SDPA calls of grouped-query models run :func:`folded_sdpa` where it applies.
+
+    Only on CPU, where it was measured; a CUDA build keeps transformers' kernels choice.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    with _sdpa_override():
+        token = _FOLD.set(True)
+        try:
+            yield
+        finally:
+            _FOLD.reset(token)

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from adaflash_hf import DraftingConfig, DraftingState, GoodputVerifyLength, generate
-from adaflash_hf._compat import CACHE_KWARG, RaggedCache, RaggedLayout, ragged_forward, supports_ragged
+from adaflash_hf import _compat as compat
+from adaflash_hf._compat import (
+    CACHE_KWARG,
+    RaggedCache,
+    RaggedLayout,
+    fold_gqa,
+    folded_sdpa,
+    folds,
+    ragged_forward,
+    supports_ragged,
+)
 from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.policy import MIN_GAIN, ragged_verify_lens
@@ -60,6 +72,78 @@ def test_ragged_forward_matches_the_padded_forward(target, tree, lengths):
             torch.testing.assert_close(a.keys[row, :, :width], b_.keys[row, :, :width], atol=1e-5, rtol=1e-5)
     with torch.inference_mode():  # outside the block the model is plain transformers again
         torch.testing.assert_close(target(ids, attention_mask=mask).logits, target(ids, attention_mask=mask).logits)
+
+
+class GroupedAttention(torch.nn.Module):
+    """Stands in for a transformers attention module: grouped-query, causal unless told otherwise."""
+
+    def __init__(self, groups: int, is_causal: bool = True):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = groups, is_causal
+
+
+def repeated_attention(query, key, value, mask):
+    """The reference: every query head over its own copy of its key/value head (as ``repeat_kv``), (b, q, H, d)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+@pytest.mark.parametrize("b,q", [(1, 1), (5, 1), (4, 3), (6, 8)])
+def test_folded_attention_equals_attention_over_repeated_keys(b, q, mask_kind):
+    gen = torch.Generator().manual_seed(b * 10 + q)
+    heads, kv_heads, s, d = 6, 2, 11, 8
+    query, key, value = (torch.randn(b, n, t, d, generator=gen) for n, t in ((heads, q), (kv_heads, s), (kv_heads, s)))
+    visible = torch.rand(b, 1, q, s, generator=gen) > 0.3
+    visible[..., -1] = True  # every query sees at least one key
+    mask = {"bool": visible, "additive": torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min),
+            "none": None}[mask_kind]
+    module = GroupedAttention(heads // kv_heads, is_causal=q == 1)
+    assert folds(module, query, mask) == (q == 1 or b >= 4)
+    out, weights = folded_sdpa(module, query, key, value, mask)
+    assert weights is None and out.shape == (b, q, heads, d) and out.is_contiguous()
+    torch.testing.assert_close(out, repeated_attention(query, key, value, mask), atol=1e-6, rtol=1e-5)
+
+
+def test_folding_is_declined_where_it_does_not_apply():
+    query = torch.zeros(8, 4, 3, 2)
+    mask = torch.ones(8, 1, 3, 5, dtype=torch.bool)
+    assert folds(GroupedAttention(2), query, mask)
+    assert not folds(GroupedAttention(1), query, mask)  # no grouping: nothing to fold
+    assert not folds(GroupedAttention(2), query, None)  # causal without a mask: stock SDPA's is_causal
+    assert folds(GroupedAttention(2, is_causal=False), query, None)  # a bidirectional block (the drafter's)
+    assert not folds(GroupedAttention(2), query, mask, dropout=0.1)
+    assert not folds(GroupedAttention(2), query, mask, softcap=30.0)
+    assert not folds(GroupedAttention(2), query, torch.ones(8, 4, 3, 5, dtype=torch.bool))  # per-head masks
+    assert not folds(GroupedAttention(2), torch.zeros(2, 4, 3, 2), mask[:2])  # few rows of several tokens
+    assert not folds(GroupedAttention(2), torch.zeros(8, 4, 200, 2), torch.ones(8, 1, 200, 5, dtype=torch.bool))  # a prefill
+
+
+def test_the_target_under_folded_attention_gives_the_logits_of_stock_attention(target, monkeypatch):
+    calls = []
+    real = compat.folded_sdpa
+    monkeypatch.setattr(compat, "folded_sdpa", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    ids, mask = left_pad(random_prompts((4, 9, 6, 7, 5), seed=4))
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    logits = []
+    with torch.inference_mode():
+        for folded in (False, True):
+            cache = RaggedCache()
+            target(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{CACHE_KWARG: cache})
+            steps = []
+            for k in (1, 3):  # a decode step (one query per row), then a verify of three
+                new = torch.randint(4, 40, (ids.shape[0], k), generator=torch.Generator().manual_seed(k))
+                step_pos = pos[:, -1:] + 1 + torch.arange(k)
+                full = torch.cat([mask, torch.ones(ids.shape[0], k, dtype=mask.dtype)], dim=1)
+                with fold_gqa(torch.device("cpu")) if folded else contextlib.nullcontext():
+                    out = target(input_ids=new, position_ids=step_pos, attention_mask=full, use_cache=True, **{CACHE_KWARG: cache})
+                cache.crop(-k)
+                steps.append(out.logits)
+            logits.append(steps)
+    assert len(calls) == 2 * target.config.num_hidden_layers  # every layer of both forwards ran folded
+    for stock, folded in zip(*logits):
+        torch.testing.assert_close(folded, stock, atol=1e-5, rtol=1e-5)
 
 
 class CyclingVerifyLength:
