@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, generate
+from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
+from adaflash_hf.decoding.policy import verify_limit
 from adaflash_hf.decoding.proposers import (
     PRIOR_FILE,
     AcceptanceEstimator,
@@ -401,6 +403,42 @@ def test_a_held_round_proposes_nothing_and_runs_no_drafter(target, drafter):
     assert {s for r in out.stats.rounds for s in r.sources} == {"none"}
     want = [greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
     assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+
+
+def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, drafter, tmp_path, monkeypatch):
+    """Under a verify length of 3 (a fixed length, or an arm of the adaptive policy), no source proposes past 2 drafts:
+    the look-ups follow their matches no further and the draft head scores no later block position."""
+    prompts = random_prompts((3, 9, 5, 12), seed=11)
+    ids, mask = left_pad(prompts)
+    width = ids.shape[1]
+    answers = [greedy_reference(target, p, 30, eos=False) for p in prompts]
+    state = DraftingState()
+    for answer in answers:  # long matches to follow: the same prompts, answered once
+        state.remember(answer)
+    longest, head_positions = [], []
+    propose, top_probs = HybridProposer.propose, state_module.top_probs_and_tokens
+
+    def recorded_propose(self, *args, **kwargs):
+        proposal = propose(self, *args, **kwargs)
+        longest.append(max((len(tokens) for options in self._options.values() for _, tokens, _ in options), default=0))
+        return proposal
+
+    def recorded_top_probs(head, hidden):
+        head_positions.append(hidden.shape[1])
+        return top_probs(head, hidden)
+
+    monkeypatch.setattr(HybridProposer, "propose", recorded_propose)
+    monkeypatch.setattr(state_module, "top_probs_and_tokens", recorded_top_probs)
+    out = generate(target, drafter, ids, mask, max_new_tokens=30, eos_token_id=None, drafting_state=state,
+                   drafting=DraftingConfig(drafter_every_round=True), verify_policy=FixedVerifyLength(3))
+    assert longest and max(longest) == 2 and head_positions and set(head_positions) == {2}
+    assert max(n for r in out.stats.rounds for n in r.verify_lens) == 3
+    want = [a[len(p):] for a, p in zip(answers, prompts)]
+    assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    policy = GoodputVerifyLength(caps=(3,))  # the adaptive policy's arm is known before the proposal, as a limit
+    assert verify_limit(policy) is None
+    policy._round_cap = 3
+    assert verify_limit(policy) == 3 and verify_limit(FixedVerifyLength(5)) == 5 and verify_limit(object()) is None
 
 
 @pytest.mark.parametrize("source", ["hybrid", "drafter", "suffix", "global", "datastore"])

@@ -55,6 +55,15 @@ def wants_drafts(policy: VerifyLengthPolicy, rows: int) -> bool:
     return True if ask is None else bool(ask(rows))
 
 
+def verify_limit(policy: VerifyLengthPolicy) -> int | None:
+    """The most tokens (anchor included) a row may verify in the round :func:`wants_drafts` just allowed, as the
+    policy knows it before anything is proposed (a fixed length, or the verify-length arm it chose); None where
+    it decides only once it sees the proposal. Proposals are cut to it, so look-ups and the draft head do no
+    work past what the round can verify."""
+    ask = getattr(policy, "round_verify_limit", None)
+    return None if ask is None else ask()
+
+
 @functools.cache
 def _takes_proposed(update) -> bool:
     return "proposed" in inspect.signature(update).parameters
@@ -127,6 +136,9 @@ class FixedVerifyLength:
 
     def wants_drafts(self, rows: int) -> bool:
         return self.verify_len != 1  # verifying only the anchor: plain steps, so nothing to propose
+
+    def round_verify_limit(self) -> int | None:
+        return self.verify_len
 
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
@@ -295,6 +307,10 @@ class GoodputVerifyLength:
         if self._exploring and self._round_cap is None and self.caps:
             self._round_cap = max(self.caps)  # an explored round verifies up to a cap, whatever the cost model says
         return proposing
+
+    def round_verify_limit(self) -> int | None:
+        """The round's arm (chosen by :meth:`wants_drafts`) or ``max_verify_len``, whichever is shorter."""
+        return min((n for n in (self.max_verify_len, self._round_cap) if n is not None), default=None)
 
     def _guard(self, rows: int) -> bool:
         if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)

@@ -547,7 +547,7 @@ class HybridProposer:
         self.rows.pop(row, None)
 
     def propose(self, row_ids: list[int], run_drafter: Callable[[], tuple[torch.Tensor, torch.Tensor, Callable]] | None,
-                tree: bool = False, max_depths: Sequence[int] | None = None) -> Proposal:
+                tree: bool = False, max_depths: Sequence[int] | None = None, max_len: int | None = None) -> Proposal:
         """Choose, per row, the candidate with the most expected accepted drafts, or (``tree``) merge them.
 
         ``run_drafter()`` drafts a block for every row and returns its target ids (b, B-1), top-1
@@ -561,7 +561,11 @@ class HybridProposer:
         With ``tree``, every candidate (each index also offers ``DraftingConfig.branches`` continuations)
         goes into one draft tree per row of at most ``DraftingConfig.tree_nodes`` nodes and
         ``max_depths[i]`` levels (:func:`~.tree.build_tree`), for an engine that verifies trees.
+
+        ``max_len``: the most drafts a row can verify this round (:func:`~.policy.verify_limit`); look-ups
+        follow their matches no further, and ``run_drafter`` is expected to return no more block positions.
         """
+        limit = self.max_len if max_len is None else max(0, min(self.max_len, max_len))
         branches = self.config.branches if tree else 1
         options_per_row = []
         for row in row_ids:
@@ -572,15 +576,15 @@ class HybridProposer:
                        ("datastore", self.datastore)]
             for source, index in indices:
                 if index is not None:
-                    options.extend((source, *branch) for branch in index.propose_branches(history, self.config.max_suffix_tokens, branches))
+                    options.extend((source, *branch) for branch in index.propose_branches(history, min(self.config.max_suffix_tokens, limit), branches))
             options_per_row.append(options)
         if run_drafter is not None:
-            best_other = [max((self._value(o)[0] for o in options), default=0.0) for options in options_per_row]
-            pays = self.config.drafter_every_round or self.state.drafter_pays(best_other, self.max_len + 1)
+            best_other = [max((self._value(o, limit)[0] for o in options), default=0.0) for options in options_per_row]
+            pays = self.config.drafter_every_round or self.state.drafter_pays(best_other, limit + 1)
             scores = self.config.drafter_scores and self.state.drafter_is_cheap(len(row_ids))
             if pays or scores:
                 block_tokens, block_probs, score = run_drafter()
-                block_tokens, block_probs = block_tokens.tolist(), block_probs.tolist()
+                block_tokens, block_probs = block_tokens[:, :limit].tolist(), block_probs[:, :limit].tolist()
                 if scores:  # the drafter's opinion of every look-up token joins that token's feature
                     probs = iter(score([(i, tokens) for i, options in enumerate(options_per_row) for _, tokens, _ in options]))
                     for options in options_per_row:
@@ -591,15 +595,15 @@ class HybridProposer:
                     options.insert(0, ("drafter", block_tokens[i], features))
         self._options = dict(zip(row_ids, options_per_row))
         if tree:
-            return self._tree_proposal(options_per_row, max_depths or [self.max_len] * len(row_ids))
+            return self._tree_proposal(options_per_row, max_depths or [limit] * len(row_ids), limit)
         chosen: list[tuple[str, list[int], list[tuple], list[float]]] = []
         for options in options_per_row:
             best, best_value = (NONE, [], [], []), 0.0
             for option in options:
-                value, rates = self._value(option)
+                value, rates = self._value(option, limit)
                 if value > best_value:
                     source, tokens, features = option
-                    best, best_value = (source, tokens[: self.max_len], features[: self.max_len], rates), value
+                    best, best_value = (source, tokens[:limit], features[:limit], rates), value
             chosen.append(best)
         width = max((len(c[1]) for c in chosen), default=0)
         tokens = torch.zeros(len(row_ids), width, dtype=torch.long)
@@ -610,11 +614,11 @@ class HybridProposer:
         lengths = torch.tensor([len(c[1]) for c in chosen], dtype=torch.long)
         return Proposal(tokens, rates, lengths, [c[0] for c in chosen], [c[2] for c in chosen])
 
-    def _tree_proposal(self, options_per_row, max_depths: Sequence[int]) -> Proposal:
+    def _tree_proposal(self, options_per_row, max_depths: Sequence[int], limit: int) -> Proposal:
         trees, node_sources = [], []
         for options, depth in zip(options_per_row, max_depths):
-            candidates = [(option[1], self._value(option)[1]) for option in options]
-            row_tree = build_tree(candidates, self.config.tree_nodes, min(depth, self.max_len))
+            candidates = [(option[1], self._value(option, limit)[1]) for option in options]
+            row_tree = build_tree(candidates, self.config.tree_nodes, min(depth, limit))
             trees.append(row_tree)
             node_sources.append([options[o][0] for o in row_tree.origins])
         width = max((len(t) for t in trees), default=0)
@@ -640,9 +644,9 @@ class HybridProposer:
         return Proposal(torch.zeros(b, 0, dtype=torch.long), torch.zeros(b, 0), torch.zeros(b, dtype=torch.long), [NONE] * b,
                         [[] for _ in row_ids])
 
-    def _value(self, option: tuple[str, list[int], list[tuple]]) -> tuple[float, list[float]]:
+    def _value(self, option: tuple[str, list[int], list[tuple]], limit: int) -> tuple[float, list[float]]:
         source, _, features = option
-        rates = [self.state.estimator.rate(source, f) for f in features[: self.max_len]]
+        rates = [self.state.estimator.rate(source, f) for f in features[:limit]]
         return expected_accepted(rates), rates
 
     def record(self, row_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> None:

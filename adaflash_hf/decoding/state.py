@@ -34,7 +34,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .._compat import CACHE_KWARG, RaggedCache, RaggedLayout, fold_gqa, ragged_forward, sdpa_gqa, supports_ragged
 from .cost import timer
 from .outputs import RoundStats
-from .policy import GoodputVerifyLength, VerifyLengthPolicy, report_round, wants_drafts
+from .policy import GoodputVerifyLength, VerifyLengthPolicy, report_round, verify_limit, wants_drafts
 from .proposers import (
     NONE,
     DraftHead,
@@ -470,7 +470,8 @@ class SpeculativeBatch:
             drafted["hidden"] = draft_block(self.drafter, self.embed, self.last_token, context, context_pos,
                                             self.next_pos, key_mask, self.draft_cache)
             self.draft_mask = key_mask  # the drafter read the unread context into its cache
-            tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
+            positions = drafted["hidden"].shape[1] if limit is None else max(limit, 2)  # the anchor and the drafts a row can verify
+            tokens, top_probs, drafted["logits"] = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:positions])
             drafted["seconds"] = timer(device) - tick
             drafted["catch_up"] = catch_up_seconds(drafted["seconds"], int(context_mask.sum()), self.fresh_context,
                                                    drafted["hidden"].shape[0] * drafted["hidden"].shape[1])
@@ -482,9 +483,11 @@ class SpeculativeBatch:
         # Trees need one-hot drafts; a sampled drafter block (q known) is verified as a chain with min(1, p/q).
         tree = self.proposer.trees and not (sampled and self.draft_sampling)
         proposing = wants_drafts(self.policy, len(self.ids))
+        limit = verify_limit(self.policy) if proposing else None
         if proposing:
-            proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None,
-                                             tree=tree, max_depths=(budget - 1).tolist())
+            depths = budget - 1 if limit is None else (budget - 1).clamp_max(limit - 1)
+            proposal = self.proposer.propose(self.ids, run_drafter if self.use_drafter else None, tree=tree,
+                                             max_depths=depths.tolist(), max_len=None if limit is None else limit - 1)
         else:  # the policy holds plain steps for this batch size: no look-ups, no drafter
             proposal = self.proposer.no_proposal(self.ids)
         draft_hidden, draft_logits = drafted.get("hidden"), drafted.get("logits")

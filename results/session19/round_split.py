@@ -2,29 +2,23 @@
 
 python results/session19/round_split.py [rows] [method ...]
 """
+import pathlib
 import statistics
 import sys
 import time
 
 import torch
 
-from adaflash_hf import load_drafter, load_target
-from adaflash_hf.decoding.state import RowSpec
-from adaflash_hf.prompting import chat_prompt_ids
-from adaflash_hf.serving.loadtest import ConcurrencyBenchArgs, bench_prompts, make_scheduler
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # results/: the probes' helpers
+from probes import load_smollm2, served_batch  # noqa: E402
 
-torch.set_num_threads(2)
-target, tok = load_target("smollm2-135m", dtype="auto")
-drafter = load_drafter("auto", target, target_name="smollm2-135m")
+target, tok, drafter = load_smollm2()
 rows = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 methods = sys.argv[2:] or ["plain", "adaflash@4", "adaflash@2"]
-ids = [chat_prompt_ids(tok, p) for p in bench_prompts(ConcurrencyBenchArgs())][:rows]
 for method in methods:
-    s = make_scheduler(method, target, drafter, tok, 32, "smollm2-135m")
-    batch, stats = s.batch, []
+    batch, stats = served_batch(method, rows, target, tok, drafter), []
     batch.on_round = stats.append
     with torch.no_grad():
-        batch.add_rows([RowSpec(i, p, 400) for i, p in enumerate(ids)])
         for _ in range(10):
             batch.step()
         stats.clear()
