@@ -6,7 +6,9 @@ adaflash-hf supports transformers 5.23 and 5.24. Differences it has to bridge:
   candidate generator can be selected; its name and keyword call site are stable from 4.57 to 5.24.
 - SDPA attention repeats a grouped-query model's keys and values for every query head
   (``repeat_kv``: a copy of the whole cache per layer) whenever a forward has more than one query
-  token and a mask, unless ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (read at each call, in both versions).
+  token and a mask, unless ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (read at each call, in both versions), and
+  passes ``enable_gqa`` for a single token without a mask; on a CPU the engine's forwards fold the query
+  heads into the query axis instead (:func:`folded_sdpa`, through the same ``"sdpa"`` override).
 - Ragged verification (:func:`ragged_forward`) runs a batch's new tokens through the model packed
   into one row, so its linear layers see only real tokens. It relies on three things both versions
   do: a 4-D ``attention_mask`` reaches the attention function untouched, ``DynamicCache.update``
@@ -344,3 +346,12 @@ def fold_gqa(device: torch.device):
             yield
         finally:
             _FOLD.reset(token)
+
+
+@contextmanager
+def engine_attention(device: torch.device, query_tokens: int):
+    """The attention the engine's target and drafter forwards run under (:func:`sdpa_gqa` and :func:`fold_gqa`);
+    code that times forwards for the engine (start-up calibration, ``adaflash profile``) runs under it too, so the
+    costs it measures are the engine's."""
+    with sdpa_gqa(device, query_tokens), fold_gqa(device):
+        yield

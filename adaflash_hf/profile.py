@@ -55,7 +55,7 @@ def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: in
     """Median milliseconds of one cached target forward with k new tokens after ``input_ids``."""
     import torch
 
-    from ._compat import CACHE_KWARG, RaggedCache
+    from ._compat import CACHE_KWARG, RaggedCache, engine_attention
 
     cache = RaggedCache()  # the engine's cache: timings include what its updates cost
     with torch.inference_mode():
@@ -66,7 +66,8 @@ def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: in
             times = []
             for _ in range(repeats + 2):
                 start = time.perf_counter()
-                target(input_ids=new, use_cache=True, **{CACHE_KWARG: cache})
+                with engine_attention(new.device, k):  # as the engine's forwards attend
+                    target(input_ids=new, use_cache=True, **{CACHE_KWARG: cache})
                 times.append(time.perf_counter() - start)
                 cache.crop(-k)
             result[k] = round(statistics.median(times[2:]) * 1e3, 2)

@@ -161,6 +161,10 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
         low, high = sorted(row["tokens_per_second_passes"])
         assert low <= row["tokens_per_second"] <= high  # tokens over time of both passes lies between their rates
         assert {"p50_latency_s", "p99_latency_s", "ttft_p50_s", "mean_accepted_length", "peak_rss_mb"} <= row.keys()
+        requests = row["requests"]  # one record per request, for the tails' causes
+        assert sorted(r["pass"] for r in requests) == [0, 0, 0, 1, 1, 1]
+        assert sum(r["tokens"] for r in requests) == row["output_tokens"] and all(r["rounds"] >= 1 for r in requests)
+        assert max(r["latency_s"] for r in requests) >= row["p99_latency_s"]
     assert "pass 2/2" in capsys.readouterr().err
     with pytest.raises(ValueError, match="at least 5 prompts"):
         prompts.write_text('{"prompt": "one", "domain": "chat"}\n')

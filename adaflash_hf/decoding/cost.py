@@ -163,7 +163,7 @@ class VerifyCostModel:
         Returns {(rows, width): seconds}; every shape goes into ``batch_seconds`` and width 1 into
         ``row_seconds``.
         """
-        from .._compat import CACHE_KWARG, RaggedCache
+        from .._compat import CACHE_KWARG, RaggedCache, engine_attention
 
         device = next(target.parameters()).device
         vocab = target.get_input_embeddings().weight.shape[0]
@@ -178,7 +178,8 @@ class VerifyCostModel:
                 best = float("inf")
                 for _ in range(3 if rows * width <= 64 else 2):
                     start = timer(device)
-                    target(input_ids=step, use_cache=True, **{CACHE_KWARG: cache})
+                    with engine_attention(device, width):  # as the engine's forwards attend
+                        target(input_ids=step, use_cache=True, **{CACHE_KWARG: cache})
                     best = min(best, timer(device) - start)
                     cache.crop(-width)
                 measured[(rows, width)] = self.batch_seconds[(rows, width)] = best
@@ -194,7 +195,7 @@ class VerifyCostModel:
         Rows of a real batch are separate sequences, but the cost of a forward on a CPU or GPU is
         driven by the number of new tokens; one row of n tokens measures it. Returns {count: seconds}.
         """
-        from .._compat import CACHE_KWARG, RaggedCache
+        from .._compat import CACHE_KWARG, RaggedCache, engine_attention
 
         device = next(target.parameters()).device
         vocab = target.get_input_embeddings().weight.shape[0]
@@ -208,7 +209,8 @@ class VerifyCostModel:
             best = float("inf")
             for _ in range(1 + (repeats if n <= 64 else 1)):  # the first run warms up kernels for this shape
                 start = timer(device)
-                target(input_ids=ids, use_cache=True, **{CACHE_KWARG: cache})
+                with engine_attention(device, n):  # as the engine's forwards attend
+                    target(input_ids=ids, use_cache=True, **{CACHE_KWARG: cache})
                 best = min(best, timer(device) - start)
                 cache.crop(-n)
             measured[n] = best

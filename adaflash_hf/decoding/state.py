@@ -31,7 +31,15 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .._compat import CACHE_KWARG, RaggedCache, RaggedLayout, fold_gqa, ragged_forward, sdpa_gqa, supports_ragged
+from .._compat import (
+    CACHE_KWARG,
+    RaggedCache,
+    RaggedLayout,
+    engine_attention,
+    ragged_forward,
+    sdpa_gqa,
+    supports_ragged,
+)
 from .cost import timer
 from .outputs import RoundStats
 from .policy import GoodputVerifyLength, VerifyLengthPolicy, report_round, verify_limit, wants_drafts
@@ -93,7 +101,7 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     block_ids = torch.full((anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device)
     block_ids[:, 0] = anchors
     block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchors.device)
-    with sdpa_gqa(anchors.device, block_size), fold_gqa(anchors.device):
+    with engine_attention(anchors.device, block_size):
         out = drafter(
             noise_embeds=embed(block_ids),
             context_hidden_states=context,
@@ -525,7 +533,7 @@ class SpeculativeBatch:
             attention_mask = tree_attention_mask(self.slot_mask, parents, self.target.dtype)  # (b, 1, g + 1, S + g + 1)
         layout = RaggedLayout.from_lengths(verify_lengths, g + 1) if ragged else None
         inputs, positions = (verify_ids, verify_pos) if layout is None else (layout.pack(verify_ids), layout.pack(verify_pos))
-        with sdpa_gqa(device, g + 1), fold_gqa(device), (nullcontext() if layout is None else ragged_forward(layout)):
+        with engine_attention(device, g + 1), (nullcontext() if layout is None else ragged_forward(layout)):
             out = self.target(
                 input_ids=inputs, position_ids=positions, attention_mask=attention_mask,
                 output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},

@@ -105,6 +105,9 @@ def peak_rss_mb() -> float:
     return 0.0
 
 
+REQUEST_FIELDS = ("latency_s", "ttft_s", "queue_wait_s", "tokens", "rounds", "mean_accepted_length", "finish_reason")
+
+
 async def stream_request(client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
     """One streaming chat request; returns its latency, time to first token, tokens and server metrics."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
@@ -126,7 +129,8 @@ async def stream_request(client, url: str, model: str, prompt: str, max_tokens: 
                 tokens = chunk["usage"]["completion_tokens"]
             extra = chunk.get("adaflash") or extra
     return {"latency_s": time.perf_counter() - start, "ttft_s": ttft, "tokens": tokens, "finish_reason": reason,
-            "queue_wait_s": extra.get("queue_wait_s")}
+            "queue_wait_s": extra.get("queue_wait_s"), "rounds": extra.get("rounds"),
+            "mean_accepted_length": extra.get("mean_accepted_length")}
 
 
 async def drive(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[list[dict], float, float]:
@@ -290,6 +294,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
                                 max(run[2] for run in runs), runs[0][3], runs[-1][4])
                 row["repeats"] = len(runs)
                 row["tokens_per_second_passes"] = [sum(r["tokens"] for r in run[0]) / run[1] for run in runs]
+                row["requests"] = [{"pass": i, **{k: r[k] for k in REQUEST_FIELDS}} for i, run in enumerate(runs) for r in run[0]]
                 results.append(row)
     finally:
         for server in servers.values():
