@@ -20,12 +20,12 @@ class Module:
         self.num_key_value_groups = groups
 
 
-def timed(fn, reps=30):
-    fn()
+def timed(fn, *args, reps=30, **kwargs):
+    fn(*args, **kwargs)
     out = []
     for _ in range(reps):
         start = time.perf_counter()
-        fn()
+        fn(*args, **kwargs)
         out.append(time.perf_counter() - start)
     return statistics.median(out) * 1e3
 
@@ -37,7 +37,7 @@ for heads, kv_heads, d in [(9, 3, 64), (12, 2, 128)]:  # SmolLM2-135M, Qwen2.5-1
         key, value = (torch.randn(b, kv_heads, s, d, dtype=torch.bfloat16) for _ in range(2))
         mask = torch.ones(b, 1, q, s, dtype=torch.bool)
         mask[..., :10] = False
-        gqa = timed(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True))
-        folded = timed(lambda: folded_sdpa(Module(heads // kv_heads), query, key, value, mask))
+        gqa = timed(F.scaled_dot_product_attention, query, key, value, attn_mask=mask, enable_gqa=True)
+        folded = timed(folded_sdpa, Module(heads // kv_heads), query, key, value, mask)
         print(f"heads {heads}/{kv_heads} d {d}  {b:2d} rows x {q:2d} queries over {s}: enable_gqa {gqa:.3f} ms  folded {folded:.3f} ms"
               f"  ratio {gqa / folded:.2f}")
