@@ -9,6 +9,7 @@ and prints the teacher-forced held-out tau (the same measure the worker's public
 Usage: python results/opd_offline.py --variants base,lr3e-3,rank64,fc --steps 240
 """
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -45,6 +46,12 @@ VARIANTS = {  # one change at a time against "base" (the OPDConfig defaults)
                          "rehearsal_trajectories": 2},
     "rank64-3e-3-reh8": {"num_anchors": 16, "batch_trajectories": 8, "lr": 3e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0,
                          "rehearsal_trajectories": 8},
+    "full-noreh": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1, "_full": True, "rehearsal_trajectories": 0},
+    "pos2": {"loss_positions": 2},  # session 20: positions 3+ are never accepted on fiction; spend the loss on 1-2
+    "alpha0.2": {"alpha": 0.2},  # session 20: mostly the clipped reverse KL on the teacher's top-32 (soft labels)
+    "full-noreh-swap512": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1, "_full": True, "rehearsal_trajectories": 0,
+                           "_swap": 512},  # session 20: + the live stream's 512 most frequent tokens the draft vocabulary lacks
+    "default-swap512": {"_swap": 512},
     "default": {},  # OPDConfig's defaults (session 12: r64, lr 1e-3, 8 x 16 anchors, rehearsal 4)
     "rank64-1e-3-reh4": {"num_anchors": 16, "batch_trajectories": 8, "lr": 1e-3, "passes": 1, "lora_rank": 64, "lora_alpha": 128.0,
                          "rehearsal_trajectories": 4},
@@ -62,12 +69,20 @@ def record(target, drafter, tokenizer, prompts, max_new_tokens):
     return buffer.take(10_000)
 
 
+def truncated(t, n):
+    end = t.prompt_len + min(n, t.num_generated)
+    return dataclasses.replace(t, tokens=t.tokens[:end], features=t.features[: end - 1], teacher_ids=t.teacher_ids[: end - t.prompt_len],
+                               teacher_logprobs=t.teacher_logprobs[: end - t.prompt_len], rejected=t.rejected[:end])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--domain", default="fiction")
     parser.add_argument("--train-requests", type=int, default=200)
     parser.add_argument("--eval-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--eval-max-new-tokens", type=int, default=None, help="held-out length (default: --max-new-tokens)")
+    parser.add_argument("--truncate", type=int, default=None, help="train on the first N generated tokens of each live trajectory")
     parser.add_argument("--variants", default="base")
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--eval-every", type=int, default=40)
@@ -79,7 +94,9 @@ def main():
     target, tokenizer = load_target("smollm2-135m", dtype="bf16")
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{args.domain}_{args.train_requests}_{args.eval_prompts}_{args.max_new_tokens}.pt"
+    eval_tokens = args.eval_max_new_tokens or args.max_new_tokens
+    suffix = "" if eval_tokens == args.max_new_tokens else f"_eval{eval_tokens}"
+    path = cache / f"{args.domain}_{args.train_requests}_{args.eval_prompts}_{args.max_new_tokens}{suffix}.pt"
     if path.exists():
         train, held_out = torch.load(path, weights_only=False)
     else:
@@ -88,10 +105,13 @@ def main():
         eval_set = {r["prompt"] for r in eval_rows}
         live = [r["prompt"] for r in load_prompts(args.domain, split="train").to_list() if r["prompt"] not in eval_set]
         live = [live[i % len(live)] for i in range(args.train_requests)]
-        held_out = record(target, drafter, tokenizer, [r["prompt"] for r in eval_rows], args.max_new_tokens)
+        held_out = record(target, drafter, tokenizer, [r["prompt"] for r in eval_rows], eval_tokens)
         train = record(target, drafter, tokenizer, live, args.max_new_tokens)
         torch.save((train, held_out), path)
-    print(f"{len(train)} train and {len(held_out)} held-out trajectories", file=sys.stderr)
+    if args.truncate:  # the first N generated tokens of each live trajectory: what shorter answers would have given
+        train = [truncated(t, args.truncate) for t in train]
+    print(f"{len(train)} train and {len(held_out)} held-out trajectories, "
+          f"{sum(t.num_generated for t in train)} live tokens", file=sys.stderr)
     for name in args.variants.split(","):
         drafter = load_drafter("auto", target, target_name="smollm2-135m")
         config = {k: v for k, v in VARIANTS[name].items() if not k.startswith("_")}
@@ -99,13 +119,20 @@ def main():
         if extra:  # LoRA also on these drafter linears
             import functools
 
-            from adaflash_hf.online import adapters, opd as opd_module
+            from adaflash_hf.online import adapters
+            from adaflash_hf.online import opd as opd_module
             opd_module.LoraSettings = functools.partial(adapters.LoraSettings, target_modules=adapters.DEFAULT_TARGET_MODULES + (extra,))
         opd = AdaFlashOPD(target, drafter, OPDConfig(**config))
         if VARIANTS[name].get("_full"):  # every drafter weight trains (the target's embeddings and head stay frozen)
             for param in opd.train_model.parameters():
                 param.requires_grad_(True)
             opd._optimizer = opd._new_optimizer()
+        if VARIANTS[name].get("_swap"):  # swap the rarest draft-vocabulary entries for live tokens it lacks
+            sys.path.insert(0, str(Path(__file__).parent / "session20"))
+            from vocab_probe import drafter_module, live_vocab
+
+            module = drafter_module(opd)
+            module.set_draft_vocab(live_vocab(module.draft_vocab, train, VARIANTS[name]["_swap"])[0])
         while opd._retention_text:  # the retention check set (and rehearsal pool) from the drafter's datastore
             opd._build_retention()
         tau0, pos0 = opd.held_out_tau(trajectories=held_out)
@@ -124,6 +151,7 @@ def main():
                       f"retention {retained:.4f} ({time.perf_counter() - start:.0f}s)", flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps({"variant": name, "config": VARIANTS[name], "domain": args.domain, "train": len(train),
+                                "max_new_tokens": args.max_new_tokens, "truncate": args.truncate,
                                 "held_out": len(held_out), "steps": args.steps, "curve": curve}) + "\n")
 
 

@@ -32,7 +32,9 @@ from adaflash_hf.online import (
     save_retention_samples,
     teacher_forced_trajectory,
 )
+from adaflash_hf.online import opd as opd_module
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
+from adaflash_hf.online.soak import rss_mb
 from adaflash_hf.training.length_head import AlwaysDraftState
 from adaflash_hf.training.losses import clipped_reverse_kl, opd_topk_loss, topk_reverse_kl
 
@@ -498,6 +500,43 @@ def test_rehearsal_mixes_trained_domain_trajectories_into_every_batch(pair):
     assert len(opd.retention_set) == 1 and len(opd.rehearsal_set) == 3
     opd._work_once(wait=0.0)
     assert batches == [["", "retention", "retention"]]  # one live (one of the two was held out) + two rehearsed
+
+
+def test_the_trainer_hands_freed_heap_back_after_each_check(pair, monkeypatch):
+    """Training steps free activations of ever-changing sizes; glibc keeps those pages unless trimmed (the
+    soak's resident memory grew 1 GB in 1,000 requests before this)."""
+    target, drafter = pair
+    calls = []
+    monkeypatch.setattr(opd_module, "release_freed_heap", lambda: calls.append(1))
+    opd = _opd(target, drafter, steps_per_version=2, worker="inline", retention_trajectories=0, rehearsal_trajectories=0)
+    _serve(target, drafter, opd, 2)
+    for _ in range(4):
+        assert opd._work_once(wait=0.0) > 0
+    assert opd.status()["steps"] == 4 and len(calls) == 2
+
+
+@pytest.mark.skipif(opd_module._malloc_trim() is None, reason="needs glibc's malloc_trim")
+def test_release_freed_heap_returns_freed_tensor_memory_to_the_os():
+    start = rss_mb()
+    tensors = [torch.ones(16_384) for _ in range(4_000)]  # 64 KiB each: heap, not mmap; 250 MiB in all
+    last = tensors[-1]  # alive on top of the heap, so glibc cannot shrink it by itself
+    del tensors
+    freed = rss_mb()
+    opd_module.release_freed_heap()
+    assert freed - start > 150 and rss_mb() - start < 50, (start, freed, rss_mb())
+    del last
+
+
+def test_a_stopped_trainer_reports_stopped_even_if_a_batch_was_under_way(pair):
+    target, drafter = pair
+    opd = _opd(target, drafter, worker="inline").start()
+    opd.stop()
+    opd.state = "training"  # what an inline batch that was running when stop() came sets as it ends
+    assert opd.status()["state"] == "stopped"
+    opd.start()
+    opd.state = "dead"
+    opd._inline_on = False
+    assert opd.status()["state"] == "dead"
 
 
 def test_opd_config_rejects_bad_values():
