@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from adaflash_hf import AdaFlashDrafter, enable_adaflash
+from adaflash_hf import AdaFlashDrafter, enable_adaflash, heap
 from adaflash_hf.decoding.engine import generate
 from adaflash_hf.decoding.policy import FixedVerifyLength
 from adaflash_hf.decoding.proposers import load_datastore, save_datastore
@@ -515,14 +515,14 @@ def test_the_trainer_hands_freed_heap_back_after_each_check(pair, monkeypatch):
     assert opd.status()["steps"] == 4 and len(calls) == 2
 
 
-@pytest.mark.skipif(opd_module._malloc_trim() is None, reason="needs glibc's malloc_trim")
+@pytest.mark.skipif(heap._malloc_trim() is None, reason="needs glibc's malloc_trim")
 def test_release_freed_heap_returns_freed_tensor_memory_to_the_os():
     start = rss_mb()
     tensors = [torch.ones(16_384) for _ in range(4_000)]  # 64 KiB each: heap, not mmap; 250 MiB in all
     last = tensors[-1]  # alive on top of the heap, so glibc cannot shrink it by itself
     del tensors
     freed = rss_mb()
-    opd_module.release_freed_heap()
+    heap.release_freed_heap()
     assert freed - start > 150 and rss_mb() - start < 50, (start, freed, rss_mb())
     del last
 

@@ -206,6 +206,32 @@ def test_memory_stays_flat_over_500_requests():
     assert scheduler.drafting_state.global_index.num_tokens <= 500 + 20
 
 
+def test_the_engine_hands_freed_heap_back_after_requests_finish_at_a_bounded_rate(target, drafter, monkeypatch):
+    """Finished rows free cache pages that glibc would keep for good (``adaflash_hf.heap``): the engine trims after
+    requests end, never more often than its trimmer's interval, and not while nothing has finished."""
+    from adaflash_hf import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "release_freed_heap", lambda: calls.append(1))
+    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=2, calibrate=False))
+    scheduler._heap = heap.HeapTrimmer(interval=0.0)
+    scheduler.start()
+    prompts = random_prompts([5, 7, 6], seed=3)
+
+    async def run(interval):
+        scheduler._heap.interval = interval
+        return [await scheduler.submit(p, RequestParams(max_new_tokens=6)).collect() for p in prompts]
+
+    try:
+        asyncio.run(run(0.0))
+        assert 1 <= len(calls) <= len(prompts)  # one per finished request at most, however many rounds ran
+        before = len(calls)
+        asyncio.run(run(3600.0))
+    finally:
+        scheduler.stop()
+    assert len(calls) == before
+
+
 def test_the_engine_runs_in_the_calling_thread_until_stopped_from_another(target, drafter):
     """Scheduler.run(): the engine in this thread (as adaflash serve runs it), clients in another; stop() ends it."""
     import threading

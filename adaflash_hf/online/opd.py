@@ -33,9 +33,6 @@ to ``max_restarts`` times); a version that fails its check is not published.
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
-import functools
 import logging
 import math
 import threading
@@ -45,6 +42,7 @@ from collections import deque
 import torch
 from transformers import PreTrainedModel
 
+from ..heap import release_freed_heap
 from ..modeling_adaflash import AdaFlashDrafter
 from ..training.anchors import block_labels, sample_anchors
 from ..training.data import IGNORE_INDEX
@@ -577,25 +575,3 @@ def _collate(batch: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
         rejected[i, :n] = t.rejected
     return tuple(x.to(device) for x in (tokens, context, label_mask, labels, teacher_ids, teacher_lp, rejected))
 
-
-@functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
-def release_freed_heap() -> None:
-    """Hand the heap pages that freed tensors left behind back to the OS (glibc ``malloc_trim(0)``; a no-op elsewhere).
-
-    Every training step allocates and frees activations of a different size (batches of different lengths), and
-    glibc keeps the freed pages: without this, a 1,000-request soak with OPD grew 1 GB of resident memory after
-    warm-up, all of which one ``malloc_trim`` gave back (``results/session20/opd_memory.py``). It takes well
-    under a millisecond; the trainer calls it after each publication check.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)

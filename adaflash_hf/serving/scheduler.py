@@ -39,6 +39,7 @@ from ..decoding.policy import wants_drafts
 from ..decoding.proposers import DraftingConfig, DraftingState
 from ..decoding.sampling import SamplingParams
 from ..decoding.state import RowSpec, RowUpdate, SpeculativeBatch
+from ..heap import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +207,8 @@ class Scheduler:
         self._serving = threading.Event()  # set while the engine loop takes requests
         self._stopped = threading.Event()  # set when the engine loop has ended
         self._calibrated = False
+        self._heap = HeapTrimmer()  # finished rows leave freed cache pages that glibc would keep (adaflash_hf.heap)
+        self._trimmed_at_finished = 0
         self.counters = {"submitted": 0, "finished": 0, "cancelled": 0, "errors": 0, "rejected_queue_full": 0,
                          "rounds": 0, "row_rounds": 0, "generated_tokens": 0, "round_tokens": 0, "verified_tokens": 0}
         self.source_counts: dict[str, int] = {}
@@ -396,6 +399,9 @@ class Scheduler:
                     self._deliver(self.batch.step())
                     if self.opd is not None:
                         self.opd.check_health()  # restarts a dead trainer (bounded; a thread liveness check); serving never waits on it
+                ended = self.counters["finished"] + self.counters["cancelled"] + self.counters["errors"]
+                if ended != self._trimmed_at_finished and self._heap.maybe_trim():
+                    self._trimmed_at_finished = ended
             except Exception as error:  # a failed round ends its requests, never the server
                 logger.exception("engine round failed")
                 self._fail_all(f"{type(error).__name__}: {error}")

@@ -1,0 +1,55 @@
+"""Giving freed heap memory back to the operating system, for processes that run for days.
+
+glibc keeps the pages of freed allocations below its ``mmap`` threshold (which it raises as large
+blocks are freed) for reuse, and returns them only when the top of the heap is free. Decoding rows of
+different lengths, recording trajectories and training on batches of different lengths all allocate
+and free tensors of ever-changing sizes, so resident memory ratchets up although nothing leaks: a
+1,000-request soak with OPD grew 1 GB after warm-up, all of which one ``malloc_trim(0)`` gave back
+(``results/session20/opd_memory.py``). The OPD trainer trims after each publication check, the
+serving engine at most every :data:`TRIM_INTERVAL_S` seconds after a request finishes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import time
+
+TRIM_INTERVAL_S = 2.0
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+def release_freed_heap() -> None:
+    """Hand the heap pages that freed allocations left behind back to the OS (glibc ``malloc_trim(0)``; a
+    no-op elsewhere). It walks the free lists: well under a millisecond to a few on a multi-GB heap."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+class HeapTrimmer:
+    """Calls :func:`release_freed_heap` when asked, at most once every ``interval`` seconds."""
+
+    def __init__(self, interval: float = TRIM_INTERVAL_S):
+        self.interval = interval
+        self.last = time.perf_counter()
+        self.trims = 0
+
+    def maybe_trim(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last < self.interval:
+            return False
+        release_freed_heap()
+        self.last = time.perf_counter()
+        self.trims += 1
+        return True
