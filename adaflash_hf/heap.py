@@ -16,7 +16,7 @@ import ctypes.util
 import functools
 import time
 
-TRIM_INTERVAL_S = 2.0
+TRIM_INTERVAL_S = 5.0  # a trim walks the free lists: ~10 ms on a fragmented multi-GB heap, 100 ms when it returns 1 GB
 
 
 @functools.cache

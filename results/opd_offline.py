@@ -86,6 +86,7 @@ def main():
     parser.add_argument("--variants", default="base")
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--eval-every", type=int, default=40)
+    parser.add_argument("--eval-anchors", type=int, default=None, help="blocks per held-out trajectory (default: the step's)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache", default="runs/opd_offline")
     parser.add_argument("--out", default="results/opd_offline.jsonl")
@@ -135,7 +136,7 @@ def main():
             module.set_draft_vocab(live_vocab(module.draft_vocab, train, VARIANTS[name]["_swap"])[0])
         while opd._retention_text:  # the retention check set (and rehearsal pool) from the drafter's datastore
             opd._build_retention()
-        tau0, pos0 = opd.held_out_tau(trajectories=held_out)
+        tau0, pos0 = opd.held_out_tau(trajectories=held_out, num_anchors=args.eval_anchors)
         curve = [{"step": 0, "tau": tau0, "positions": pos0[:4], "retention_tau": opd.retention_base_tau}]
         print(f"{name}: step 0 tau {tau0:.4f} positions {[round(p, 3) for p in pos0[:4]]} retention {opd.retention_base_tau:.4f}", flush=True)
         generator = torch.Generator().manual_seed(0)
@@ -144,7 +145,7 @@ def main():
             picks = torch.randperm(len(train), generator=generator)[: opd.config.batch_trajectories].tolist()
             opd._guarded_step(opd.with_rehearsal([train[i] for i in picks], generator))
             if step % args.eval_every == 0:
-                tau, pos = opd.held_out_tau(trajectories=held_out)
+                tau, pos = opd.held_out_tau(trajectories=held_out, num_anchors=args.eval_anchors)
                 retained, _ = opd.held_out_tau(trajectories=opd.retention_set)
                 curve.append({"step": step, "tau": tau, "positions": pos[:4], "loss": opd.last_loss, "retention_tau": retained})
                 print(f"{name}: step {step} tau {tau:.4f} positions {[round(p, 3) for p in pos[:4]]} loss {opd.last_loss:.3f} "
