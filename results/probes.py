@@ -65,3 +65,24 @@ def interleaved_rounds(batch, switch, modes=("a", "b"), warm_up: int = 5, blocks
                     batch.step()
                     times[mode].append(time.perf_counter() - start)
     return {mode: statistics.median(t) for mode, t in times.items()}
+
+
+def hook_ab(module, attribute: str, off, modes: tuple[str, str], default_methods: list[str]) -> None:
+    """A/B probe of one module-level hook the engine looks up at each round: served rounds with
+    ``module.<attribute>`` replaced by ``off`` (``modes[0]``) and as shipped (``modes[1]``), in interleaved blocks;
+    ``argv``: [rows] [method ...]."""
+    import sys
+
+    target, tok, drafter = load_smollm2()
+    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    shipped = getattr(module, attribute)
+
+    def switch(mode):
+        setattr(module, attribute, shipped if mode == modes[1] else off)
+
+    for method in sys.argv[2:] or default_methods:
+        batch = served_batch(method, rows, target, tok, drafter)
+        t = interleaved_rounds(batch, switch, modes)
+        switch(modes[1])
+        a, b = modes
+        print(f"{method:12s} {rows:2d} rows: {a} {t[a] * 1e3:6.1f} ms  {b} {t[b] * 1e3:6.1f} ms  ratio {t[a] / t[b]:.2f}", flush=True)
