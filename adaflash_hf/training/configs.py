@@ -79,6 +79,30 @@ class PrepareDrafterConfig:
             raise ValueError("nothing to count: give data_dir (cached responses from adaflash generate-data) or corpus_tokens > 0.")
 
 
+@dataclass
+class CacheFeaturesConfig:
+    """``adaflash cache-features``: run the target once over the cached responses and keep the drafter's context on disk."""
+
+    data_dir: str = field(metadata={"help": "Data folder of adaflash generate-data: every response under DATA_DIR/train is used."})
+    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
+    target_dtype: str = dtype_field("the target")
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers to keep (default: the ones train-drafter reads by default)."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Where the features go (default: <adaflash cache>/features/<target>-L<layer ids>, outside the repository)."})
+    batch_size: int = field(default=8, metadata={"help": "Sequences per target forward."})
+    max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}.")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
+        if not Path(self.data_dir).is_dir():
+            raise FileNotFoundError(f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
+                                    f"--data-dir {self.data_dir}`.")
+        check_choice("target_dtype", self.target_dtype, DTYPES)
+
+
 CONTEXT_LAYERS = 5  # target layers a drafter reads by default, however many draft layers it has
 
 
@@ -126,6 +150,8 @@ class TrainDrafterConfig:
     init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
     self_gen_cached_only: bool = field(default=False, metadata={"help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), generating none."})
     draft_vocab_size: int | None = field(default=None, metadata={"help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the self-generated responses (default: keep the init drafter's, else the full vocabulary)."})
+    feature_cache: str | None = field(default=None, metadata={"help": "A cache of target features (adaflash cache-features): self-generated batches read their context and labels from it, so a step runs only the drafter."})
+    init_layers: str = field(default="random", metadata={"help": "How fresh draft layers start: 'random', or 'target' (copies of the target's layers above the deepest context layer, the context projection passing that layer through)."})
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "steps_per_forward", "max_steps", "eval_every",
@@ -164,6 +190,10 @@ class TrainDrafterConfig:
         check_choice("target_dtype", self.target_dtype, DTYPES)
         if not self.train_domains:
             raise ValueError("train_domains is empty.")
+        check_choice("init_layers", self.init_layers, ("random", "target"))
+        if self.feature_cache is not None and self.distill_weight > 0:
+            raise ValueError("distill_weight > 0 needs the target's full logits, which a feature cache does not keep: "
+                             "drop --feature-cache or set --distill-weight 0.")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}.")
 

@@ -34,6 +34,7 @@ from .anchors import sample_anchors
 from .configs import CONTEXT_LAYERS, TrainDrafterConfig
 from .data import (
     Batch,
+    TargetFeatures,
     TrainingSequence,
     collate,
     generate_responses,
@@ -258,7 +259,13 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     data_dir = Path(config.data_dir) if config.data_dir is not None else output_dir / "data"
     eval_sequences = generate_responses(target, tokenizer, list(eval_prompts["prompt"]), data_dir / "eval", **gen_kwargs)
     self_gen: list[TrainingSequence] = []
-    if config.corpus_fraction < 1.0:
+    store = None
+    if config.feature_cache is not None:  # responses and their target features, computed once
+        from .features import FeatureStore
+
+        store = FeatureStore(config.feature_cache)
+        self_gen = [store.training_sequence(i) for i in range(len(store))]
+    elif config.corpus_fraction < 1.0:
         train_prompts = load_prompts(config.train_domains, split="train",
                                      limit_per_domain=config.self_gen_prompts_per_domain, seed=config.seed)
         self_gen = generate_responses(target, tokenizer, list(train_prompts["prompt"]), data_dir / "train",
@@ -288,6 +295,8 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         overrides["target_layer_ids"] = default_target_layer_ids(num_target_layers, max(config.num_layers, CONTEXT_LAYERS))
     if config.intermediate_size is not None:
         overrides["intermediate_size"] = config.intermediate_size
+    if store is not None and config.target_layer_ids is None and config.init_from is None:
+        overrides["target_layer_ids"] = store.layer_ids  # the cache's layers unless asked otherwise
     if config.init_from is not None:  # continue from a trained drafter: its architecture, its weights
         from ..drafters import load_drafter
 
@@ -302,6 +311,14 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
         with torch.no_grad():
             drafter.norm.weight.copy_(target.get_decoder().norm.weight.float())
+        if config.init_layers == "target":
+            from .init import init_from_target
+
+            calibration = collate((self_gen or eval_sequences)[:4], pad_id)
+            copied = init_from_target(drafter, target, calibration.input_ids, calibration.attention_mask)
+            logger.info("draft layers start as copies of target layers %s", copied)
+    if store is not None:
+        store.check(config.target, drafter.config.target_layer_ids)
     if config.draft_vocab_size is not None:
         from .vocab import most_frequent, response_token_counts
 
@@ -339,15 +356,18 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
 
-    def next_batch() -> Batch:
+    def next_batch() -> tuple[Batch, TargetFeatures | None]:
+        """A micro-batch, with its features when they come from the cache (None: run the target)."""
         use_corpus = not self_gen or (corpus and torch.rand((), generator=generator).item() < config.corpus_fraction)
         pool = corpus if use_corpus else self_gen
         picks = torch.randint(len(pool), (config.batch_size,), generator=generator).tolist()
-        return collate([pool[i] for i in picks], pad_id)
+        if store is not None and not use_corpus:
+            return store.batch(picks, pad_id)
+        return collate([pool[i] for i in picks], pad_id), None
 
     # 4. Train: target features -> anchors -> drafter blocks -> weighted CE -> AdamW.
     last_eval = start_eval = None
-    if config.init_from is not None and state["step"] == 0:  # the starting point, on the same held-out split
+    if state["step"] == 0 and (config.init_from is not None or config.init_layers == "target"):  # where training starts
         last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
         log({"kind": "eval", "step": 0, "minutes": 0.0, **last_eval})
         logger.info("init drafter: held-out tau %.3f", last_eval["tau"])
@@ -366,9 +386,13 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         accepted = []
         for _ in range(config.grad_accum):
             if reuse_left == 0:
-                batch = next_batch()
                 tick = time.perf_counter()
-                features = target_features(target, batch, raw_drafter.config.target_layer_ids)
+                batch, features = next_batch()
+                if features is None:
+                    features = target_features(target, batch, raw_drafter.config.target_layer_ids)
+                # cached context is bf16: the drafter's own dtype (autocast, where on, computes in bf16 anyway)
+                features.context = features.context.to(accelerator.device, raw_drafter.fc.weight.dtype)
+                features.labels = features.labels.to(accelerator.device)
                 state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
                 reuse_left = config.steps_per_forward
             reuse_left -= 1
@@ -431,6 +455,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
             "target_layer_ids": raw_drafter.config.target_layer_ids, "data_sizes": data_sizes,
             "data_minutes": data_minutes, "train_minutes": state["train_minutes"], "steps": state["step"],
             "supervised_tokens_seen": state["tokens_seen"],
+            "feature_cache": None if store is None else {"dir": str(store.cache_dir), "tokens": store.num_tokens},
             "wall_minutes": wall_minutes(),  # summed over resumed processes
             "held_out_teacher_forced": final_eval, "held_out_at_init": start_eval, "engine_check": engine,
         }

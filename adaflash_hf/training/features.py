@@ -1,0 +1,277 @@
+"""Cached target features: the frozen target runs once over the training sequences, and every later step
+reads the drafter's context from disk instead of running the target again.
+
+A drafter training step needs, for each training sequence, the hidden states of the target layers the
+drafter reads (its context) and the target's greedy token at every position (its labels). Computing
+them is one target forward per step, the largest cost of a step on a CPU. This module computes them
+once (``adaflash cache-features``) and serves batches of them from memory-mapped files, so a step runs
+only the drafter.
+
+Layout of a cache folder::
+
+    meta.json           provenance: target, context layer ids, dtype, hidden size, adaflash-hf version,
+                        and per shard its source file (sha256), sequences, tokens, seconds, time written
+    shard_NNNNN/        one per source shard of self-generated responses (``adaflash generate-data``)
+        ids.npy         (N,) int32 token ids of every sequence, concatenated
+        labels.npy      (N,) int32 the target's argmax at t - 1 for token t (-100 at each sequence's start)
+        context.npy     (N, n_layers * H) uint16, the bits of the bf16 hidden states
+        offsets.npy     (S + 1,) int64 where each sequence begins in the flat arrays
+        starts.npy      (S,) int64 the first response position of each sequence (prompt before it)
+
+A shard is written to a temporary folder and renamed when complete, so an interrupted run resumes at
+the first missing shard. Size: n_layers * H * 2 bytes per token (SmolLM2-135M with 5 layers: 5.8 KB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from .data import IGNORE_INDEX, Batch, TargetFeatures, TrainingSequence
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+def default_cache_dir(target_name: str, layer_ids: list[int]) -> Path:
+    """``<adaflash cache>/features/<target>-L<ids>``: outside the repository, one folder per context choice."""
+    from .._pypi import cache_home
+
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in target_name)
+    return cache_home() / "features" / f"{safe}-L{'_'.join(map(str, layer_ids))}"
+
+
+def source_shards(data_dir: str | Path) -> list[Path]:
+    """Every shard of self-generated responses under ``DATA_DIR/train`` (all prompt sets), in a fixed order."""
+    root = Path(data_dir) / "train"
+    shards = sorted(root.glob("*/shard_*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"no self-generated responses under {root}: create them with "
+                                f"`adaflash generate-data --data-dir {data_dir}`.")
+    return shards
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _read_sequences(path: Path) -> list[TrainingSequence]:
+    tensors = load_file(str(path))
+    pieces = torch.split(tensors["ids"].long(), tensors["lengths"].tolist())
+    return [TrainingSequence(ids, int(start)) for ids, start in zip(pieces, tensors["starts"].tolist())]
+
+
+@torch.no_grad()
+def _shard_features(target, sequences: list[TrainingSequence], layer_ids: list[int], pad_token_id: int,
+                    batch_size: int) -> dict[str, np.ndarray]:
+    """One target forward per ``batch_size`` sequences (sorted by length to waste little padding)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    context: list[torch.Tensor | None] = [None] * len(sequences)
+    labels: list[torch.Tensor | None] = [None] * len(sequences)
+    for lo in range(0, len(order), batch_size):
+        rows = order[lo : lo + batch_size]
+        width = max(len(sequences[i]) for i in rows)
+        input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, i in enumerate(rows):
+            input_ids[r, : len(sequences[i])] = sequences[i].input_ids
+            attention_mask[r, : len(sequences[i])] = 1
+        out = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
+                     output_hidden_states=True, use_cache=False)
+        hidden = torch.cat([out.hidden_states[j + 1] for j in layer_ids], dim=-1).to(torch.bfloat16).cpu()  # (b, L, nH)
+        argmax = out.logits.max(-1).indices.cpu()  # (b, L): the target's choice for the next token
+        for r, i in enumerate(rows):
+            n = len(sequences[i])
+            context[i] = hidden[r, :n]
+            row_labels = torch.full((n,), IGNORE_INDEX, dtype=torch.int32)
+            row_labels[1:] = argmax[r, : n - 1].to(torch.int32)
+            labels[i] = row_labels
+    lengths = [len(s) for s in sequences]
+    return {
+        "ids": torch.cat([s.input_ids for s in sequences]).to(torch.int32).numpy(),
+        "labels": torch.cat(labels).numpy(),
+        "context": torch.cat(context).view(torch.uint16).numpy(),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "starts": np.array([s.start for s in sequences], dtype=np.int64),
+    }
+
+
+def build_feature_cache(target, tokenizer, data_dir: str | Path, cache_dir: str | Path, layer_ids: list[int],
+                        target_name: str, batch_size: int = 8, max_minutes: float | None = None) -> Path:
+    """Compute (or resume) the feature cache of every self-generated shard under ``DATA_DIR/train``."""
+    from .. import __version__
+
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    meta_path = cache_dir / "meta.json"
+    hidden_size = target.config.get_text_config().hidden_size
+    provenance = {"format": FORMAT_VERSION, "target": target_name, "target_layer_ids": list(layer_ids),
+                  "hidden_size": hidden_size, "dtype": "bfloat16", "target_dtype": str(target.dtype)}
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    clash = {k: (meta[k], v) for k, v in provenance.items() if k in meta and meta[k] != v}
+    if clash:
+        raise ValueError(f"{cache_dir} holds features of another configuration ({clash}, cached vs asked): "
+                         "pass another --cache-dir, or delete that folder to rebuild it.")
+    meta.update(provenance)
+    meta.setdefault("shards", {})
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sources = source_shards(data_dir)
+    start = time.perf_counter()
+    bar = tqdm(sources, desc="cache target features", unit="shard")
+    for number, source in enumerate(bar):
+        name = f"shard_{number:05d}"
+        digest = _sha256(source)
+        done = meta["shards"].get(name)
+        if done is not None and (cache_dir / name).is_dir():
+            if done["source_sha256"] != digest:
+                raise ValueError(f"{cache_dir / name} was computed from another version of {source}: "
+                                 "delete the cache folder to rebuild it.")
+            continue
+        tick = time.perf_counter()
+        sequences = _read_sequences(source)
+        arrays = _shard_features(target, sequences, layer_ids, pad_id, batch_size)
+        tmp = cache_dir / f"{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for key, array in arrays.items():
+            np.save(tmp / f"{key}.npy", array)
+        tmp.rename(cache_dir / name)
+        seconds = time.perf_counter() - tick
+        tokens = int(arrays["offsets"][-1])
+        meta["shards"][name] = {
+            "source": str(source.relative_to(Path(data_dir))), "source_sha256": digest,
+            "sequences": len(sequences), "tokens": tokens,
+            "response_tokens": int(sum(len(s) - s.start for s in sequences)), "seconds": round(seconds, 1),
+            "adaflash_hf": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        meta_path.write_text(json.dumps(meta, indent=1))
+        bar.set_postfix(tok_per_s=f"{tokens / seconds:.0f}")
+        if max_minutes is not None and (time.perf_counter() - start) / 60 >= max_minutes:
+            logger.info("time budget of %.1f min reached after %s; rerun to resume", max_minutes, name)
+            break
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return cache_dir
+
+
+@dataclass
+class CachedSequence:
+    shard: int
+    offset: int
+    length: int
+    start: int
+
+
+class FeatureStore:
+    """Memory-mapped view of a feature cache: training sequences and the batches of features for them.
+
+    Pages are read from disk as batches touch them, so RAM stays flat however large the cache is.
+    """
+
+    def __init__(self, cache_dir: str | Path):
+        self.cache_dir = Path(cache_dir)
+        meta_path = self.cache_dir / "meta.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"{self.cache_dir} is not a feature cache (no meta.json): build it with "
+                                    "`adaflash cache-features`.")
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{self.cache_dir} has cache format {self.meta.get('format')}, this version reads "
+                             f"{FORMAT_VERSION}: rebuild it with `adaflash cache-features`.")
+        self.layer_ids: list[int] = list(self.meta["target_layer_ids"])
+        self._shards: list[dict[str, np.ndarray]] = []
+        self.sequences: list[CachedSequence] = []
+        for name in sorted(self.meta["shards"]):
+            folder = self.cache_dir / name
+            if not folder.is_dir():
+                continue
+            arrays = {key: np.load(folder / f"{key}.npy", mmap_mode="r")
+                      for key in ("ids", "labels", "context", "offsets", "starts")}
+            index = len(self._shards)
+            self._shards.append(arrays)
+            offsets, starts = np.asarray(arrays["offsets"]), np.asarray(arrays["starts"])
+            self.sequences.extend(CachedSequence(index, int(offsets[i]), int(offsets[i + 1] - offsets[i]), int(starts[i]))
+                                  for i in range(len(starts)))
+        if not self.sequences:
+            raise ValueError(f"{self.cache_dir} holds no finished shard yet: run `adaflash cache-features` first.")
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.length for s in self.sequences)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(s.length - s.start for s in self.sequences)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.cache_dir.glob("shard_*/*.npy"))
+
+    def check(self, target_name: str | None, layer_ids: list[int]) -> None:
+        """Raise if the cache was computed for another target or other context layers than a drafter reads."""
+        if list(layer_ids) != self.layer_ids:
+            raise ValueError(f"the feature cache {self.cache_dir} holds target layers {self.layer_ids}, but the drafter "
+                             f"reads {list(layer_ids)}: pass --target-layer-ids {' '.join(map(str, self.layer_ids))}, "
+                             "or build a cache for those layers with `adaflash cache-features --target-layer-ids ...`.")
+        if target_name is not None and self.meta["target"] != target_name:
+            raise ValueError(f"the feature cache {self.cache_dir} was computed with target {self.meta['target']!r}, "
+                             f"not {target_name!r}: build one for this target with `adaflash cache-features`.")
+
+    def training_sequence(self, index: int) -> TrainingSequence:
+        s = self.sequences[index]
+        ids = self._shards[s.shard]["ids"][s.offset : s.offset + s.length]
+        return TrainingSequence(torch.from_numpy(np.array(ids, dtype=np.int64)), s.start)
+
+    def batch(self, indices: list[int], pad_token_id: int) -> tuple[Batch, TargetFeatures]:
+        """Right-padded batch and its cached features (context bf16 (b, L, n*H), labels (b, L); no logits)."""
+        picked = [self.sequences[i] for i in indices]
+        width = max(s.length for s in picked)
+        width_ctx = self._shards[picked[0].shard]["context"].shape[1]
+        input_ids = torch.full((len(picked), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(len(picked), width, dtype=torch.long)
+        label_mask = torch.zeros(len(picked), width, dtype=torch.bool)
+        labels = torch.full((len(picked), width), IGNORE_INDEX, dtype=torch.long)
+        context = torch.zeros(len(picked), width, width_ctx, dtype=torch.bfloat16)
+        for row, s in enumerate(picked):
+            arrays, span = self._shards[s.shard], slice(s.offset, s.offset + s.length)
+            input_ids[row, : s.length] = torch.from_numpy(np.array(arrays["ids"][span], dtype=np.int64))
+            labels[row, : s.length] = torch.from_numpy(np.array(arrays["labels"][span], dtype=np.int64))
+            context[row, : s.length] = torch.from_numpy(np.array(arrays["context"][span])).view(torch.bfloat16)
+            attention_mask[row, : s.length] = 1
+            label_mask[row, max(s.start, 1) : s.length] = True
+        return Batch(input_ids, attention_mask, label_mask), TargetFeatures(context, labels, None)
+
+
+def cache_features(config) -> int:
+    """``adaflash cache-features``: build or resume the cache, then print where it is and how big."""
+    from ..configuration_adaflash import default_target_layer_ids
+    from ..targets import load_target
+    from .configs import CONTEXT_LAYERS
+
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    target, tokenizer = load_target(config.target, dtype=config.target_dtype)
+    num_layers = target.config.get_text_config().num_hidden_layers
+    layer_ids = list(config.target_layer_ids or default_target_layer_ids(num_layers, CONTEXT_LAYERS))
+    if not all(0 <= i < num_layers for i in layer_ids):
+        raise ValueError(f"target_layer_ids {layer_ids}: the target has layers 0..{num_layers - 1}.")
+    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir(config.target, layer_ids)
+    build_feature_cache(target, tokenizer, config.data_dir, cache_dir, layer_ids, config.target,
+                        batch_size=config.batch_size, max_minutes=config.max_minutes)
+    store = FeatureStore(cache_dir)
+    print(f"{len(store)} sequences, {store.num_tokens:,} tokens ({store.num_response_tokens:,} response tokens), "
+          f"{store.size_bytes / 2**30:.2f} GiB in {cache_dir}")
+    return 0

@@ -1,0 +1,109 @@
+"""Cached target features equal a live target forward, resume and refuse mismatches; target-initialised
+draft layers are copies of the target's, with a context projection that passes the deepest layer through."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from adaflash_hf.modeling_adaflash import AdaFlashDrafter
+from adaflash_hf.training.data import _write_shard, collate, target_features
+from adaflash_hf.training.features import FeatureStore, build_feature_cache
+from adaflash_hf.training.init import copied_layer_ids, init_from_target
+from adaflash_hf.training.losses import position_weights
+from adaflash_hf.training.step import drafter_block_forward
+
+LAYERS = [0, 2]
+
+
+class _Tokenizer:
+    pad_token_id = 2
+    eos_token_id = 2
+
+
+def tiny_target(layers: int = 5) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+def write_responses(data_dir, shards: int = 2, per_shard: int = 3) -> None:
+    generator = torch.Generator().manual_seed(0)
+    folder = data_dir / "train" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    for shard in range(shards):
+        records = []
+        for _ in range(per_shard):
+            n = int(torch.randint(12, 30, (), generator=generator))
+            records.append((torch.randint(4, 64, (n,), generator=generator).tolist(), int(torch.randint(2, 8, (), generator=generator))))
+        _write_shard(folder / f"shard_{shard:05d}.safetensors", records)
+
+
+def test_cached_features_equal_a_live_target_forward(tmp_path):
+    target = tiny_target()
+    write_responses(tmp_path / "data")
+    cache = build_feature_cache(target, _Tokenizer(), tmp_path / "data", tmp_path / "cache", LAYERS, "tiny")
+    store = FeatureStore(cache)
+    assert len(store) == 6 and store.layer_ids == LAYERS
+    batch, cached = store.batch([0, 4, 5], pad_token_id=2)
+    live = target_features(target, batch, LAYERS)
+    rows = batch.attention_mask.bool()
+    assert torch.equal(cached.labels[rows], live.labels[rows])  # the target's argmax, position by position
+    assert torch.equal(cached.context[rows], live.context[rows].to(torch.bfloat16))  # bf16 of the same states
+    same = collate([store.training_sequence(i) for i in (0, 4, 5)], pad_token_id=2)
+    assert torch.equal(same.input_ids, batch.input_ids) and torch.equal(same.label_mask, batch.label_mask)
+
+    # One training step's loss from cached features matches the live one up to the bf16 rounding of the context.
+    torch.manual_seed(1)
+    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4, target_layer_ids=LAYERS, mask_token_id=3)
+    anchors = torch.tensor([[3, 8], [9, 10], [2, 12]])
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    weights = position_weights(4, 4.0)
+    cached.context = cached.context.float()
+    losses = [drafter_block_forward(drafter, target, batch, f, anchors, valid, weights, True).loss
+              for f in (cached, live)]
+    assert torch.allclose(losses[0].float(), losses[1].float(), rtol=2e-2)
+
+
+def test_feature_cache_resumes_and_refuses_mismatches(tmp_path):
+    target = tiny_target()
+    write_responses(tmp_path / "data", shards=3)
+    cache = build_feature_cache(target, _Tokenizer(), tmp_path / "data", tmp_path / "cache", LAYERS, "tiny",
+                                max_minutes=1e-9)  # stops after the first shard
+    assert sorted(json.loads((cache / "meta.json").read_text())["shards"]) == ["shard_00000"]
+    first = (cache / "shard_00000" / "context.npy").stat().st_mtime_ns
+    build_feature_cache(target, _Tokenizer(), tmp_path / "data", cache, LAYERS, "tiny")
+    assert len(FeatureStore(cache)) == 9
+    assert (cache / "shard_00000" / "context.npy").stat().st_mtime_ns == first  # finished shards are kept
+    with pytest.raises(ValueError, match="another configuration"):
+        build_feature_cache(target, _Tokenizer(), tmp_path / "data", cache, [1, 2], "tiny")
+    with pytest.raises(ValueError, match="target layers"):
+        FeatureStore(cache).check("tiny", [1, 2])
+    with pytest.raises(FileNotFoundError, match="cache-features"):
+        FeatureStore(tmp_path / "nothing")
+
+
+def test_target_initialised_layers_copy_the_target_and_pass_the_deepest_context_through():
+    target = tiny_target(layers=5)
+    drafter = AdaFlashDrafter.from_target(target, num_layers=2, block_size=4, target_layer_ids=LAYERS, mask_token_id=3)
+    assert copied_layer_ids(5, LAYERS, 2) == [3, 4] and copied_layer_ids(5, [0, 4], 2) == [3, 4]
+    ids = torch.randint(4, 64, (2, 16))
+    copied = init_from_target(drafter, target, ids, torch.ones_like(ids))
+    assert copied == [3, 4]
+    for draft_layer, j in zip(drafter.layers, copied):
+        source = dict(target.model.layers[j].named_parameters())
+        for name, param in draft_layer.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                assert (param > 0).all() and torch.equal(param, param[0].expand_as(param))  # one calibrated scale
+            else:
+                assert torch.equal(param, source[name]), name
+    with torch.no_grad():
+        hidden = target(ids, output_hidden_states=True).hidden_states
+        context = torch.cat([hidden[i + 1] for i in LAYERS], dim=-1)
+        expected = target.model.layers[3].input_layernorm(hidden[3])  # layer 2's output, as layer 3 normalises it
+        assert torch.allclose(drafter.project_context(context), expected, atol=1e-5)
