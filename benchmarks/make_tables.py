@@ -247,9 +247,15 @@ TRAINING_PROVENANCE = "training/provenance.json"  # JSONL cannot carry a provena
 
 
 def provenance_of(path: str) -> dict:
+    """The machine, commits, date and command of ``path``; a JSON without them cannot be published."""
     if path.endswith(".jsonl"):
-        return load(TRAINING_PROVENANCE)[Path(path).name]
-    return load(path)["provenance"]
+        provenance = load(TRAINING_PROVENANCE).get(Path(path).name)
+    else:
+        provenance = load(path).get("provenance")
+    missing = [k for k in ("command", "machine", "code_commit", "committed_in", "date") if k not in (provenance or {})]
+    if missing:
+        raise TableError(f"benchmarks/{path} has no provenance {', '.join(missing)} (see benchmarks/README.md)")
+    return provenance
 
 
 def render(name: str) -> str:

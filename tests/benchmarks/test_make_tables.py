@@ -82,3 +82,11 @@ def test_an_unclosed_marker_is_refused(make_tables):
 def test_files_without_markers_are_left_alone(make_tables, tmp_path):
     (tmp_path / "README.md").write_text("# No tables here\n")
     assert make_tables.markdown_files(tmp_path) == []
+
+
+def test_a_json_without_provenance_cannot_be_published(make_tables, tmp_path, monkeypatch):
+    (tmp_path / "quality").mkdir()
+    (tmp_path / "quality" / "qwen2.5-coder-1.5b.json").write_text('{"results": []}')
+    monkeypatch.setattr(make_tables, "BENCHMARKS", tmp_path)
+    with pytest.raises(make_tables.TableError, match="no provenance"):
+        make_tables.render("quality")
