@@ -124,7 +124,7 @@ class GrowingLayer(DynamicLayer):
 
     transformers' DynamicLayer concatenates at every update, a copy of the layer's whole cache per forward:
     without it a SmolLM2 decode step of 16 rows over 400 cached tokens ran 1.21x and one of 32 rows 1.31x faster
-    on a 2-core CPU (``results/session15/cache_growth.py``). Here a buffer is copied only when it runs out of room, and
+    on a 2-core CPU (``docs/research-log.md``, 2026-12-02). Here a buffer is copied only when it runs out of room, and
     then grows by a quarter (at least ``spare`` slots). ``keys`` and ``values`` read as views of the valid
     length (so code written against DynamicLayer works unchanged); assigning a tensor to them makes it the
     new buffer (no spare room until the next growth).
@@ -240,7 +240,7 @@ def folded_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
     a mask it passes ``enable_gqa`` too. On a 2-core CPU (bf16 SmolLM2 shapes) one query token over 300 cached,
     one row: 0.25 -> 0.08 ms; 32 rows over 500: 16.7 -> 2.8 ms; 16 rows of 8 tokens: 1.8 -> 1.5 ms; at one row
     and 8-32 tokens it measured 0.9x, so a forward of several tokens is folded from ``FOLD_MIN_ROWS`` rows
-    (``results/session19/fold_attention.py``). Each query's output is computed by the same kernel over the same
+    (``docs/research-log.md``, 2026-12-03). Each query's output is computed by the same kernel over the same
     keys, so it agrees with stock SDPA to rounding.
     """
     b, heads, q, d = query.shape

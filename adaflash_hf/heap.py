@@ -5,7 +5,7 @@ blocks are freed) for reuse, and returns them only when the top of the heap is f
 different lengths, recording trajectories and training on batches of different lengths all allocate
 and free tensors of ever-changing sizes, so resident memory ratchets up although nothing leaks: a
 1,000-request soak with OPD grew 1 GB after warm-up, and after 160 OPD steps alone one ``malloc_trim(0)``
-gave back 950 MB (``results/session20/opd_memory.py``). The OPD trainer trims after each publication check, the
+gave back 950 MB (``docs/research-log.md``, 2026-12-03). The OPD trainer trims after each publication check, the
 serving engine at most every :data:`TRIM_INTERVAL_S` seconds after a request finishes.
 """
 
@@ -16,7 +16,7 @@ import ctypes.util
 import functools
 import time
 
-TRIM_INTERVAL_S = 5.0  # a trim walks the free lists: ~20 ms on a fragmented 2 GB heap (results/session20/trim_cost.py)
+TRIM_INTERVAL_S = 5.0  # a trim walks the free lists: ~20 ms on a fragmented 2 GB heap (docs/research-log.md)
 
 
 @functools.cache
@@ -32,7 +32,7 @@ def _malloc_trim():
 def release_freed_heap() -> None:
     """Hand the heap pages that freed allocations left behind back to the OS (glibc ``malloc_trim(0)``; a
     no-op elsewhere). It walks the free lists: 0.02 ms on a small heap, about 20 ms on a fragmented 2 GB one,
-    100-200 ms when it hands back 0.9 GB (``results/session20/trim_cost.py``)."""
+    100-200 ms when it hands back 0.9 GB (``docs/research-log.md``, 2026-12-03)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -3,7 +3,7 @@
 bf16: torch's ``F.linear`` on a CPU hands oneDNN the weight in its plain (out, in) layout, and the
 kernel lays it out afresh for its blocking on every call. At decoding's shapes (a few tokens against
 every weight of the model) that is a large share of a step: SmolLM2-135M, bf16, 2 threads, one token
-42 -> 30 ms, sixteen tokens 76 -> 66 ms (``python results/session10/packed_forward.py``, no mask; through
+42 -> 30 ms, sixteen tokens 76 -> 66 ms (``docs/research-log.md``, 2026-12-01, no mask; through
 ``generate`` the gain is smaller, and ``adaflash bench`` times the stock kernels as ``target-stock`` beside
 the packed target's ``target``). Packing each weight once, as torch's own inductor does when it freezes a
 CPU graph, gives bit-identical outputs (the same kernel on the same numbers; ``tests/test_kernels.py``
@@ -11,9 +11,9 @@ checks whole models) and makes plain decoding and speculative rounds alike cheap
 
 fp32: stock ``F.linear`` goes to MKL's sgemm, which on AMD CPUs without AVX-512 is slow for a few rows
 (SmolLM2's 49k-row lm_head: 12.6 ms for one token and 32.1 ms for sixteen against oneDNN's packed
-6.2 and 12.8 ms on a 2-core Zen 2 EPYC with AVX2; ``python results/session14/fp32_linear.py``). oneDNN's packed
+6.2 and 12.8 ms on a 2-core Zen 2 EPYC with AVX2; ``docs/research-log.md``, 2026-12-02). oneDNN's packed
 fp32 kernel computes the same products in another order: outputs agree to fp32 rounding (logits within
-1e-4 on SmolLM2; ``python results/session14/packed_fp32_logits.py``), not bit for bit, with stock. Plain decoding and verification both run through the packed
+1e-4 on SmolLM2; ``docs/research-log.md``, 2026-12-02), not bit for bit, with stock. Plain decoding and verification both run through the packed
 model, so speculative output still equals that model's own output.
 
 Both are packed only where the packed kernel measures faster on this CPU (:func:`packing_pays`) and

@@ -56,7 +56,7 @@ class BundledCard:
 
 
 BUNDLED_CARDS = (
-    BundledCard("smollm2-135m", "smollm2-135m-adaflash", "results/bench_smollm2.json", notes=(
+    BundledCard("smollm2-135m", "smollm2-135m-adaflash", "benchmarks/batch1/smollm2-135m.json", notes=(
         "The 192 self-generated training responses (and 46 held-out ones) came from the shared cache in runs/data, "
         "generated once by an earlier run with the same settings in 12.9 minutes (training prompts) plus about 11.5 "
         "minutes (held-out prompts); the whole recipe therefore costs about 88 CPU-minutes from scratch.",
@@ -74,9 +74,9 @@ BUNDLED_CARDS = (
         "(AVX512-BF16, no AMX); `adaflash` is the library's default hybrid drafting with draft trees, `adaflash-chain` "
         "the same verifying one candidate per round, `adaflash-*` one draft source alone; the methods alternate prompt "
         "by prompt. `same as target` < 1 is bf16 near-tie rounding (fp32 outputs are identical).",
-        "Research log of every run: results/experiments.md in the adaflash-hf repository.",
+        "Research log: docs/research-log.md in the adaflash-hf repository.",
     )),
-    BundledCard("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-adaflash", "results/bench_qwen1.5b.json", notes=(
+    BundledCard("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-adaflash", "benchmarks/batch1/qwen2.5-coder-1.5b.json", notes=(
         "The self-generated responses (96 training, 24 held-out; <= 160 new tokens) were produced once by an earlier "
         "run with the same settings in 25.3 minutes on one thread and read from the shared cache (--data-dir); from "
         "scratch the recipe costs about 25 + 60 minutes plus evaluations.",
@@ -96,7 +96,7 @@ BUNDLED_CARDS = (
         "domain (96 new tokens); `adaflash` is the library's default hybrid drafting with draft trees; `assisted` uses "
         "qwen2.5-coder-0.5b as the draft model. On an Intel Xeon without AMX, where verifying 16 tokens costs "
         "2.5 plain steps, the engine made 1.07-1.17x (session 10).",
-        "Research log: results/experiments.md in the adaflash-hf repository.",
+        "Research log: docs/research-log.md in the adaflash-hf repository.",
     )),
     BundledCard("smollm2-135m-length-head", "smollm2-135m-length-head"),
     BundledCard("qwen2.5-coder-1.5b-length-head", "qwen2.5-coder-1.5b-length-head"),
@@ -428,7 +428,7 @@ def write_model_card(folder: str | Path, bench_json: str | Path | None = None, r
 
 
 def bundled_card(entry: BundledCard, repo_root: str | Path) -> ModelCard:
-    """The card of a bundled folder; ``repo_root`` holds the ``results/`` its bench JSON lives in."""
+    """The card of a bundled folder; ``repo_root`` holds the ``benchmarks/`` its bench JSON lives in."""
     from .drafters import BUNDLED_DIR
 
     bench = json.loads((Path(repo_root) / entry.bench_json).read_text()) if entry.bench_json else None

@@ -85,7 +85,7 @@ def test_inconsistent_rounds_are_refused(metric):
         metric.compute(**_inputs([[1, 1]], verify_lens=[[4]]))
 
 
-@pytest.mark.parametrize("bench_json", ["results/bench_smollm2.json", "results/bench_qwen1.5b.json"])
+@pytest.mark.parametrize("bench_json", ["benchmarks/batch1/smollm2-135m.json", "benchmarks/batch1/qwen2.5-coder-1.5b.json"])
 def test_bench_config_reproduces_the_bench_summary_from_its_records(bench_json):
     bench = json.loads((ROOT / bench_json).read_text())
     metric = evaluate.load(str(METRIC), "bench")

@@ -222,7 +222,7 @@ class Scheduler:
 
         On a CPU with few cores prefer :meth:`run` in the thread that loaded the models: libgomp slows
         every OpenMP region once two OS threads own thread teams, and a background engine next to a
-        main thread that ran torch work decodes at about half speed (``results/session10/worker_thread.py``).
+        main thread that ran torch work decodes at about half speed (``docs/research-log.md``, 2026-12-01).
         """
         with self._lock:
             if self._running:

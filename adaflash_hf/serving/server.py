@@ -117,7 +117,7 @@ def run_serve(args: ServeArgs) -> int:
 
     The engine runs in the main thread, the thread that loaded the models, and uvicorn in a background
     thread: one OS thread does all torch work, which on a few-core CPU decodes about twice as fast as an
-    engine thread beside a main thread that ran torch (libgomp; ``results/session11/served_thread.py``)."""
+    engine thread beside a main thread that ran torch (libgomp; ``docs/research-log.md``, 2026-12-01)."""
     import signal
 
     try:

@@ -320,7 +320,7 @@ def fit_head(head: AdaFlashLengthHead, train: AcceptanceRecords, validation: Acc
     """AdamW on :func:`survival_loss` with a cosine decay to 0; keeps the epoch with the lowest validation loss.
 
     The decay matters: at a constant lr the held-out loss of consecutive epochs swung by +-0.01, as much
-    as the head gains over the engine's estimator (``results/experiments.md``).
+    as the head gains over the engine's estimator (``docs/research-log.md``).
     """
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)

@@ -290,7 +290,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     overrides = {"mask_token_id": mask_token_id}
     if config.target_layer_ids is not None:
         overrides["target_layer_ids"] = list(config.target_layer_ids)
-    else:  # one middle layer (DFlash's default for a 1-layer drafter) learns markedly slower: results/experiments.md
+    else:  # one middle layer (DFlash's default for a 1-layer drafter) learns markedly slower: docs/research-log.md
         num_target_layers = target.config.get_text_config().num_hidden_layers
         overrides["target_layer_ids"] = default_target_layer_ids(num_target_layers, max(config.num_layers, CONTEXT_LAYERS))
     if config.intermediate_size is not None:

@@ -13,7 +13,7 @@ Why the prior: acceptance of the first draft depends mostly on the drafter's con
 lives behind the target's lm_head and is out of reach of a small MLP over hidden states; adaflash-hf's
 engine already estimates it (its acceptance estimator's rate for the draft's position and top-1
 probability), and the hidden states add what that estimate misses (the block's context, later
-positions). Measured on held-out prompts in ``results/experiments.md``.
+positions). Measured on held-out prompts in ``docs/research-log.md``.
 
 This file ships to the Hub next to the weights (``trust_remote_code``) and imports only torch and
 transformers.

@@ -1,0 +1,328 @@
+"""The table generator: owns every published results table in README.md and docs/**/*.md.
+
+A table lives between ``<!-- table: NAME -->`` and ``<!-- /table -->``; this module rewrites what is between the
+markers from the committed JSON under ``benchmarks/`` and follows each table with a line naming the command that
+produced the JSON and the machine, commit and date it ran on (the JSON's ``provenance`` block). Text outside the
+markers is never touched, so rerunning it on an up-to-date file changes nothing.
+
+Usage::
+
+    python benchmarks/make_tables.py          # rewrite the tables in place
+    python -m benchmarks.make_tables --check  # exit 1 if any table is out of date (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent
+REPO_ROOT = BENCHMARKS.parent
+
+MARKER = re.compile(r"<!--\s*table:\s*(?P<name>[\w.-]+)\s*-->(?P<body>.*?)<!--\s*/table\s*-->", re.DOTALL)
+OPENING = re.compile(r"<!--\s*table:\s*(?P<name>[^\s>]*)\s*-->")
+CLOSING = re.compile(r"<!--\s*/table\s*-->")
+
+
+class TableError(ValueError):
+    """A marker names no known table, is left open, or its JSON is missing."""
+
+
+def load(path: str) -> dict:
+    """The committed JSON at ``path`` (relative to ``benchmarks/``)."""
+    return json.loads((BENCHMARKS / path).read_text())
+
+
+def load_jsonl(path: str) -> list[dict]:
+    return [json.loads(line) for line in (BENCHMARKS / path).read_text().splitlines() if line.strip()]
+
+
+def provenance_line(path: str, provenance: dict) -> str:
+    """The line under a table: what produced ``path``, where and when."""
+    return (f"Produced by `{provenance['command']}` on {provenance['machine']}, "
+            f"code {commit(provenance['code_commit'])}, committed in `{provenance['committed_in']}` "
+            f"on {provenance['date']} (`benchmarks/{path}`).")
+
+
+def commit(value: str) -> str:
+    """A commit in code style; "unknown" (no record of the code that ran) stays plain text."""
+    if value == "unknown":
+        return value
+    sha, _, rest = value.partition(" ")
+    return f"`{sha}`" + (f" {rest}" if rest else "")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def fmt(value, spec: str, missing: str = "–") -> str:
+    return missing if value is None else format(value, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# One renderer per kind of JSON; each returns the table's lines and the JSON files it read.
+# ---------------------------------------------------------------------------------------------
+
+
+def batch1(path: str) -> tuple[list[str], list[str]]:
+    """`adaflash bench` at batch 1: one row per domain and method, the library's default in bold."""
+    bench = load(path)
+    rows = []
+    for r in bench["results"]:
+        ours = r["method"] == "adaflash"
+        sources = ", ".join(f"{name} {v['round_fraction']:.0%} / {v['accepted_per_round']:.2f}"
+                            for name, v in (r.get("sources") or {}).items())
+        speedup = f"{r['speedup']:.2f}×"
+        rows.append([r["domain"], f"**{r['method']}**" if ours else r["method"], f"{r['tokens_per_second']:.1f}",
+                     f"{r['mean_accepted_length']:.2f}", fmt(r["accept_rate"], ".2f"),
+                     f"**{speedup}**" if ours else speedup, f"{r['same_as_target']:.2f}", sources])
+    header = ["domain", "method", "tok/s", "τ", "accept rate", "speed-up", "same as target",
+              "rounds by source (share / drafts accepted per round)"]
+    return table(header, rows), [path]
+
+
+def serving(path: str) -> tuple[list[str], list[str]]:
+    """`adaflash bench --concurrency`: throughput and latency per concurrency level and method."""
+    bench = load(path)
+    plain = {r["concurrency"]: r["tokens_per_second"] for r in bench["results"] if r["method"] == "plain"}
+    rows = []
+    for r in bench["results"]:
+        ratio = r["tokens_per_second"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
+        rows.append([str(r["concurrency"]), r["method"], f"{r['tokens_per_second']:.1f}", fmt(ratio, ".2f") + "×",
+                     fmt(r["p50_latency_s"], ".2f"), fmt(r["p99_latency_s"], ".2f"), fmt(r["ttft_p50_s"], ".3f"),
+                     fmt(r["mean_accepted_length"], ".2f"), fmt(r["verified_per_accepted_token"], ".2f")])
+    header = ["concurrency", "method", "tok/s", "vs plain", "p50 latency s", "p99 latency s", "TTFT p50 s", "τ",
+              "verified per accepted token"]
+    return table(header, rows), [path]
+
+
+def opd(path: str) -> tuple[list[str], list[str]]:
+    """`adaflash bench-opd`: τ on the shifted and the trained domains as live requests stream in, and the cost."""
+    result = load(path)
+    shift = result["shift_domain"]
+    rows = [[str(c["requests"]), f"{c['tau_shift']:.3f}", f"{c['tau_trained']:.3f}", str(c["adapter_version"])]
+            for c in result["curve"]]
+    rows.append(["change", f"{result['tau_shift_gain']:+.1%}", f"{result['tau_trained_change']:+.1%}", ""])
+    lines = table(["live requests with OPD on", f"τ {shift} (shifted)", "τ trained domains", "adapter version"], rows)
+    on, off = result["tokens_per_second_opd_on"], result["tokens_per_second_opd_off"]
+    status = result.get("opd_status") or {}
+    throughput = f"Throughput: {on:.1f} tok/s with OPD on" + (f", {off:.1f} off (on/off {on / off:.2f})" if off else "")
+    training = (f"; {status.get('steps', 0)} training steps in {status.get('train_seconds', 0.0):.1f} s, "
+                f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected "
+                f"({status.get('retention_rejections', 0)} by the retention check)." if status else ".")
+    return lines + ["", throughput + training], [path]
+
+
+SOAK_RUNS = (  # (JSON, what the run had): the latest code first
+    ("soak/smollm2-135m.json", "heap trimmed by the trainer and the serving loop"),
+    ("soak/smollm2-135m-trainer-trim-only.json", "heap trimmed by the trainer only"),
+    ("soak/smollm2-135m-no-heap-trim.json", "no heap trimming"),
+    ("soak/smollm2-135m-lora-r16.json", "LoRA rank 16, no retention check"),
+)
+
+
+def soak() -> tuple[list[str], list[str]]:
+    """`adaflash soak-opd`: correctness under faults and memory growth, one row per committed soak."""
+    rows, paths = [], []
+    for path, label in SOAK_RUNS:
+        if not (BENCHMARKS / path).exists():
+            continue
+        report = load(path)
+        after_warmup = [m["rss_mb"] for m in report["memory"][len(report["memory"]) // 4:]]
+        allowed = 0.1 * after_warmup[0] + 100  # the bound soak-opd checks
+        faults = ", ".join(f"{f['fault']} {'recovered' if f.get('recovered') else 'NOT recovered'}"
+                           for f in report["faults"])
+        rows.append([label, commit(report["provenance"]["code_commit"]), str(report["requests"]),
+                     f"{len(report['lost'])} / {len(report['duplicated'])} / {len(report['mismatched'])}", faults,
+                     f"{report['rss_growth_after_warmup_mb']:.0f}", f"{allowed:.0f}",
+                     "yes" if report["passed"] else "no"])
+        paths.append(path)
+    header = ["run", "code", "requests", "lost / duplicated / mismatched", "faults", "RSS growth after warm-up MiB",
+              "allowed MiB", "passed"]
+    return table(header, rows), paths
+
+
+def quality(path: str) -> tuple[list[str], list[str]]:
+    """`adaflash bench --quality`: task scores of the target and of speculative decoding, with their difference."""
+    result = load(path)
+    rows = []
+    for r in result["results"]:
+        scores = [f"{r['score'][m]:.3f} [{r['score_ci95'][m][0]:.2f}, {r['score_ci95'][m][1]:.2f}]"
+                  for m in ("target", "adaflash")]
+        low, high = r["difference_ci95"]
+        rows.append([r["task"], r["metric"], str(r["problems"]), f"{r['identical_outputs']}/{r['problems']}", *scores,
+                     f"{r['difference']:+.3f} [{low:+.2f}, {high:+.2f}]", f"{r['mcnemar_p']:.3f}"])
+    header = ["task", "metric", "problems", "identical outputs", "target [95% CI]", "adaflash [95% CI]",
+              "adaflash − target [95% CI]", "McNemar p"]
+    return table(header, rows), [path]
+
+
+TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run)
+    ("training/smollm2-135m-metrics.jsonl", "shipped run"),
+    ("training/smollm2-135m-continuation-metrics.jsonl", "warm-started continuation"),
+)
+
+
+def nearest(by_step: dict[int, float], step: int) -> float:
+    """The value logged at the step nearest ``step`` (train records come every 10 steps, evaluations in between)."""
+    return by_step[min(by_step, key=lambda s: abs(s - step))] if by_step else 0.0
+
+
+def training_scaling() -> tuple[list[str], list[str]]:
+    """Held-out τ of the SmolLM2-135M drafter at each evaluation against supervised tokens and CPU-minutes."""
+    rows, paths = [], []
+    for path, label in TRAINING_RUNS:
+        records = load_jsonl(path)
+        tokens_at = {r["step"]: r["tokens_seen"] for r in records if r["kind"] == "train"}
+        for r in records:
+            if r["kind"] == "eval":
+                accept = " ".join(f"{a:.2f}" for a in r["position_acceptance"][:4])
+                tokens = nearest(tokens_at, r["step"]) if r["step"] else 0.0
+                rows.append([label, str(r["step"]), f"{r['minutes']:.1f}", f"{tokens / 1e6:.2f}",
+                             f"{r['tau']:.3f}", accept])
+        paths.append(path)
+    header = ["run", "step", "minutes", "supervised tokens (M)", "held-out τ", "a_1 … a_4"]
+    return table(header, rows), paths
+
+
+def profile(path: str) -> tuple[list[str], list[str]]:
+    """`adaflash profile`: where one round's time goes, per engine configuration, against a plain step."""
+    result = load(path)
+    step = result["plain_ms_per_token"]
+    rows = [[name, f"{e['round_ms']:.1f} ms ({e['round_ms'] / step:.2f}×)", f"{e['propose_ms']:.2f} ms",
+             f"{e['verify_ms']:.1f} ms", f"{e['other_ms']:.2f} ms", f"{e['tokens_per_round']:.2f}",
+             f"{e['tokens_per_second'] * step / 1000:.2f}×"] for name, e in result["engine"].items()]
+    header = ["engine configuration", "round", "propose (drafter + look-ups)", "verify + accept",
+              "other (bookkeeping, Python)", "tokens per round", "tok/s vs plain"]
+    return [f"Plain decoding (transformers `generate`): {step:.1f} ms per token.", ""] + table(header, rows), [path]
+
+
+VERIFY_COST_MODELS = (
+    ("profile/smollm2-135m.json", "SmolLM2-135M"),
+    ("profile/qwen2.5-coder-1.5b.json", "Qwen2.5-Coder-1.5B"),
+)
+
+
+def verify_cost() -> tuple[list[str], list[str]]:
+    """A target forward's cost by new tokens (cache of about 256), in ms and in plain decoding steps."""
+    results = [(load(path), name, path) for path, name in VERIFY_COST_MODELS if (BENCHMARKS / path).exists()]
+    counts = sorted({int(k) for result, _, _ in results for k in result["forward_ms_by_new_tokens"]})
+    rows = [["plain decoding step"] + [c for result, _, _ in results for c in (f"{result['plain_ms_per_token']:.1f}",
+                                                                                 "1.00")]]
+    for count in counts:
+        row = [f"forward of {count} new token{'s' if count > 1 else ''}"]
+        for result, _, _ in results:
+            ms = result["forward_ms_by_new_tokens"].get(str(count))
+            row += [fmt(ms, ".1f"), fmt(None if ms is None else ms / result["plain_ms_per_token"], ".2f")]
+        rows.append(row)
+    header = [""] + [h for _, name, _ in results for h in (f"{name} ms", "× a plain step")]
+    return table(header, rows), [path for _, _, path in results]
+
+
+@dataclass(frozen=True)
+class Table:
+    render: Callable[[], tuple[list[str], list[str]]]
+    sources: tuple[str, ...]  # the JSON it needs (any of them present is enough for multi-source tables)
+
+
+TABLES: dict[str, Table] = {
+    "batch1_smollm2": Table(lambda: batch1("batch1/smollm2-135m.json"), ("batch1/smollm2-135m.json",)),
+    "batch1_qwen": Table(lambda: batch1("batch1/qwen2.5-coder-1.5b.json"), ("batch1/qwen2.5-coder-1.5b.json",)),
+    "serving_smollm2": Table(lambda: serving("serving/smollm2-135m.json"), ("serving/smollm2-135m.json",)),
+    "opd_smollm2": Table(lambda: opd("opd/smollm2-135m.json"), ("opd/smollm2-135m.json",)),
+    "soak_opd": Table(soak, tuple(path for path, _ in SOAK_RUNS)),
+    "quality": Table(lambda: quality("quality/qwen2.5-coder-1.5b.json"), ("quality/qwen2.5-coder-1.5b.json",)),
+    "training_scaling": Table(training_scaling, tuple(path for path, _ in TRAINING_RUNS)),
+    "profile_smollm2": Table(lambda: profile("profile/smollm2-135m.json"), ("profile/smollm2-135m.json",)),
+    "verify_cost": Table(verify_cost, tuple(path for path, _ in VERIFY_COST_MODELS)),
+}
+
+TRAINING_PROVENANCE = "training/provenance.json"  # JSONL cannot carry a provenance block: one file beside them
+
+
+def provenance_of(path: str) -> dict:
+    """The machine, commits, date and command of ``path``; a JSON without them cannot be published."""
+    if path.endswith(".jsonl"):
+        provenance = load(TRAINING_PROVENANCE).get(Path(path).name)
+    else:
+        provenance = load(path).get("provenance")
+    missing = [k for k in ("command", "machine", "code_commit", "committed_in", "date") if k not in (provenance or {})]
+    if missing:
+        raise TableError(f"benchmarks/{path} has no provenance {', '.join(missing)} (see benchmarks/README.md)")
+    return provenance
+
+
+def render(name: str) -> str:
+    """The generated text of table ``name``: the table, a blank line, one provenance line per JSON it read."""
+    if name not in TABLES:
+        raise TableError(f"unknown table {name!r}; known tables: {', '.join(sorted(TABLES))}")
+    entry = TABLES[name]
+    if not any((BENCHMARKS / path).exists() for path in entry.sources):
+        raise TableError(f"table {name!r}: none of its JSON is committed ({', '.join(entry.sources)})")
+    lines, paths = entry.render()
+    sources = [provenance_line(path, provenance_of(path)) for path in paths]
+    if len(sources) > 1:  # one list item each, so markdown does not run them into one paragraph
+        sources = [f"- {line}" for line in sources]
+    return "\n".join(lines + [""] + sources)
+
+
+def rewrite(text: str, where: str = "<text>") -> str:
+    """``text`` with every table region regenerated; raises TableError on an unknown name or an unclosed marker."""
+    regions = list(MARKER.finditer(text))
+    for match in regions:
+        if OPENING.search(match.group("body")):
+            raise TableError(f"{where}: table {match.group('name')!r} is not closed before the next one opens")
+    if len(OPENING.findall(text)) != len(regions) or len(CLOSING.findall(text)) != len(regions):
+        raise TableError(f"{where}: every <!-- table: NAME --> needs its own <!-- /table -->")
+    cache: dict[str, str] = {}
+
+    def replace(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in cache:
+            try:
+                cache[name] = render(name)
+            except TableError as error:
+                raise TableError(f"{where}: {error}") from None
+        body = cache[name]
+        return f"<!-- table: {name} -->\n\n{body}\n\n<!-- /table -->"
+
+    return MARKER.sub(replace, text)
+
+
+def markdown_files(root: Path) -> list[Path]:
+    """README.md and every docs/**/*.md under ``root`` that holds a table marker."""
+    candidates = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return [p for p in candidates if p.is_file() and OPENING.search(p.read_text())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any file would change")
+    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="the repository whose markdown is rewritten")
+    parser.add_argument("files", nargs="*", type=Path, help="markdown files (default: README.md and docs/**/*.md)")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in args.files or markdown_files(args.root):
+        text = path.read_text()
+        try:
+            new = rewrite(text, str(path))
+        except TableError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new)
+    for path in stale:
+        print(f"{'out of date' if args.check else 'rewrote'}: {path}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Scaling curve of the SmolLM2-135M drafter: held-out tau against supervised tokens and CPU-hours.
+
+Usage: python benchmarks/training/plot_scaling.py RUN_METRICS.jsonl [CONTINUATION_METRICS.jsonl] \\
+    --out benchmarks/training/smollm2-135m-scaling.png
+
+Each ``metrics.jsonl`` is what ``adaflash train-drafter`` logs. A continuation run (``--init-from``)
+restarts its counters at 0, so it is drawn after the run it continued (its tokens and minutes are
+offset by that run's totals). Each run evaluates on its own held-out split, so a continuation's step-0
+point (the same drafter) shows the offset between the two splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def read_curve(path: Path) -> tuple[list[tuple[float, float, float]], float, float]:
+    """[(supervised tokens, minutes, held-out tau)] at every evaluation, and the run's final tokens and minutes."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    train = [r for r in records if r["kind"] == "train"]
+    tokens_at = {r["step"]: r["tokens_seen"] for r in train}
+    steps = sorted(tokens_at)
+
+    def tokens(step: int) -> float:  # train records come every 10 steps: take the nearest logged one
+        return tokens_at[min(steps, key=lambda s: abs(s - step))] if steps and step else 0.0
+
+    points = [(tokens(r["step"]), r["minutes"], r["tau"]) for r in records if r["kind"] == "eval"]
+    return points, (train[-1]["tokens_seen"] if train else 0.0), (train[-1]["minutes"] if train else 0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="metrics.jsonl of a run, then of runs that continued it")
+    parser.add_argument("--labels", nargs="*", default=None)
+    parser.add_argument("--out", default="benchmarks/training/smollm2-135m-scaling.png")
+    args = parser.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_tokens, by_hours) = plt.subplots(1, 2, figsize=(11, 4))
+    offset_tokens = offset_minutes = 0.0
+    for i, path in enumerate(args.runs):
+        points, total_tokens, total_minutes = read_curve(path)
+        label = args.labels[i] if args.labels and i < len(args.labels) else path.parent.name
+        xs = [(offset_tokens + t) / 1e6 for t, _, _ in points]
+        hours = [(offset_minutes + m) / 60 for _, m, _ in points]
+        taus = [tau for _, _, tau in points]
+        by_tokens.plot(xs, taus, marker="o", label=label)
+        by_hours.plot(hours, taus, marker="o", label=label)
+        offset_tokens += total_tokens
+        offset_minutes += total_minutes
+    by_tokens.set_xlabel("supervised tokens (millions)")
+    by_hours.set_xlabel("CPU-hours (one core)")
+    for ax in (by_tokens, by_hours):
+        ax.set_ylabel("held-out tau (teacher-forced)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M drafter: held-out tau vs training compute")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

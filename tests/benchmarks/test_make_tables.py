@@ -1,0 +1,92 @@
+"""benchmarks/make_tables.py on temporary markdown: regions regenerated, idempotent, unknown names refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "make_tables.py"
+
+
+@pytest.fixture(scope="module")
+def make_tables():
+    spec = importlib.util.spec_from_file_location("benchmark_make_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through the module's entry
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(root: Path, text: str) -> Path:
+    path = root / "docs" / "guide.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_every_table_with_committed_json_renders_with_its_provenance(make_tables):
+    for name in make_tables.TABLES:
+        text = make_tables.render(name)
+        assert text.startswith(("|", "Plain decoding")), name
+        assert "Produced by `" in text and " on 20" in text, name
+
+
+def test_markers_are_replaced_and_the_rest_is_kept(make_tables, tmp_path):
+    path = write(tmp_path, "# Guide\n\nBefore.\n\n<!-- table: quality -->\nstale table\n<!-- /table -->\n\nAfter.\n")
+    assert make_tables.main(["--root", str(tmp_path)]) == 0
+    text = path.read_text()
+    assert text.startswith("# Guide\n\nBefore.\n\n<!-- table: quality -->\n\n| task |")
+    assert text.endswith("\n\n<!-- /table -->\n\nAfter.\n")
+    assert "stale table" not in text and "| humaneval | pass@1 |" in text
+    assert "Produced by `adaflash bench --target qwen2.5-coder-1.5b" in text
+
+
+def test_a_second_run_changes_nothing_and_check_passes(make_tables, tmp_path):
+    path = write(tmp_path, "<!-- table: batch1_smollm2 -->\n<!-- /table -->\n\n<!-- table: verify_cost -->"
+                           "<!-- /table -->\n")
+    assert make_tables.main(["--root", str(tmp_path), "--check"]) == 1  # stale before the first run
+    assert make_tables.main(["--root", str(tmp_path)]) == 0
+    once = path.read_text()
+    assert make_tables.main(["--root", str(tmp_path)]) == 0
+    assert path.read_text() == once
+    assert make_tables.main(["--root", str(tmp_path), "--check"]) == 0
+
+
+def test_check_changes_no_file(make_tables, tmp_path):
+    original = "<!-- table: profile_smollm2 -->\nold\n<!-- /table -->\n"
+    path = write(tmp_path, original)
+    assert make_tables.main(["--root", str(tmp_path), "--check"]) == 1
+    assert path.read_text() == original
+
+
+def test_an_unknown_table_name_fails_loudly(make_tables, tmp_path, capsys):
+    original = "<!-- table: batch1_smollm3 -->\n<!-- /table -->\n"
+    path = write(tmp_path, original)
+    with pytest.raises(make_tables.TableError, match="unknown table 'batch1_smollm3'"):
+        make_tables.rewrite(original)
+    assert make_tables.main(["--root", str(tmp_path)]) != 0
+    assert "unknown table 'batch1_smollm3'" in capsys.readouterr().err
+    assert path.read_text() == original
+
+
+def test_an_unclosed_marker_is_refused(make_tables):
+    with pytest.raises(make_tables.TableError, match="needs its own"):
+        make_tables.rewrite("<!-- table: quality -->\nno end\n")
+    with pytest.raises(make_tables.TableError, match="not closed"):
+        make_tables.rewrite("<!-- table: quality -->\n<!-- table: soak_opd -->\n<!-- /table -->\n<!-- /table -->\n")
+
+
+def test_files_without_markers_are_left_alone(make_tables, tmp_path):
+    (tmp_path / "README.md").write_text("# No tables here\n")
+    assert make_tables.markdown_files(tmp_path) == []
+
+
+def test_a_json_without_provenance_cannot_be_published(make_tables, tmp_path, monkeypatch):
+    (tmp_path / "quality").mkdir()
+    (tmp_path / "quality" / "qwen2.5-coder-1.5b.json").write_text('{"results": []}')
+    monkeypatch.setattr(make_tables, "BENCHMARKS", tmp_path)
+    with pytest.raises(make_tables.TableError, match="no provenance"):
+        make_tables.render("quality")
