@@ -198,7 +198,9 @@ def _bench_table(bench: dict) -> str:
             for r in bench["results"]]
     table = _fill("drafter", "bench", dtype=bench.get("dtype", "?"), threads=bench.get("torch_threads", "?"), rows="\n".join(rows))
     if bench.get("command"):
-        table += "\n\n" + _fill("drafter", "bench_command", command=bench["command"])
+        # where the bench wrote its files says nothing about the measurement; the card shows what produced the numbers
+        command = re.sub(r" --(?:json|plot) \S+", "", bench["command"])
+        table += "\n\n" + _fill("drafter", "bench_command", command=command)
     return table
 
 
