@@ -23,6 +23,21 @@ Every command prints its help at once: nothing heavy (torch, transformers) is im
 `--dtype` is `auto` everywhere (bf16 on CUDA or where this CPU's bf16 matmuls measure faster, else fp32), `bf16`,
 `fp16` or `fp32`; only `soak-opd`, which compares every output bit for bit, defaults to `fp32`. A bad value or a
 missing file prints one `error:` line and exits with status 2; add `--debug` for the traceback.
+
+Common commands:
+
+```bash
+adaflash generate --prompt "Write a haiku about caches." --max-new-tokens 64 --compare-plain
+adaflash generate --target qwen2.5-coder-1.5b --drafter path/to/drafter --temperature 0.7
+adaflash generate --sources suffix,datastore --tree-nodes 0   # some draft sources only, one candidate per round
+adaflash bench --target smollm2-135m --methods target,adaflash,adaflash-drafter,adaflash-suffix,prompt-lookup --json bench.json
+adaflash profile --target smollm2-135m          # where one round's time goes, against a plain decode step
+adaflash generate-data --data-dir data/smollm2-135m  # the target's own responses to training prompts (resumable)
+adaflash prepare-drafter --drafter auto --data-dir data/smollm2-135m --output-dir my-drafter   # draft vocabulary + datastore
+adaflash serve --port 8000                      # OpenAI-compatible server (continuous batching)
+adaflash bench --concurrency 1,4,8,16,32 --max-new-tokens 64   # served throughput at several loads
+adaflash bench --concurrency 8,16 --repeats 3 --prompts my_prompts.jsonl   # your prompts; 3 interleaved passes per level
+```
 """
 
 
