@@ -6,6 +6,10 @@ Every card is a ``huggingface_hub`` :class:`~huggingface_hub.ModelCard`: Hub met
 an ``adaflash bench`` JSON, the metrics an OPD run passes in); a card never contains a number that is
 not in those files, and a number that does not exist is left out.
 
+The prose lives in template files, ``adaflash_hf/model_card_templates/`` (one per kind of card, plus the
+Notes of each bundled card), so a card reads as Markdown and changes without touching code; this module
+only reads numbers and fills them in.
+
 The bundled folders' ``README.md`` and the repository's ``model_cards/*.md`` are the same cards,
 rendered from :data:`BUNDLED_CARDS` by :func:`bundled_card`; ``python -m adaflash_hf.model_card``
 rewrites them all, and ``tests/test_model_card.py`` checks that the files are current.
@@ -13,9 +17,12 @@ rewrites them all, and ``tests/test_model_card.py`` checks that the files are cu
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -36,9 +43,42 @@ DIGITS = 4  # model-index values: JSON values rounded to this many decimals
 ADAPTER_RESULTS = {"tau": ("mean_accepted_length", "tau (mean accepted length, bonus token counted)"),
                    "accept_rate": ("accept_rate", "accept rate (accepted / verified drafts)"),
                    "speedup": ("speedup", "speed-up over plain decoding")}
-LIMITATIONS = ("Trained on a 2-core CPU in well under three hours, on far less data than published GPU-trained DFlash "
-               "drafters, so acceptance is much lower. The news, wiki and fiction domains were held out of training and "
-               "accept less.")
+TEMPLATES = Path(__file__).with_name("model_card_templates")
+_PART = re.compile(r"^<!-- part: ([a-z0-9_]+) -->$", re.M)
+
+
+@functools.cache
+def _template(kind: str) -> dict[str, str]:
+    """The template ``<kind>.md``: its body under ``""`` and each ``<!-- part: NAME -->`` section under NAME."""
+    pieces = _PART.split((TEMPLATES / f"{kind}.md").read_text())
+    parts = {"": pieces[0]}
+    parts.update((name, text.strip("\n")) for name, text in zip(pieces[1::2], pieces[2::2]))
+    return parts
+
+
+def _fill(kind: str, part: str = "", **values) -> str:
+    """Part ``part`` of template ``kind`` with ``values`` substituted; a line holding only a placeholder whose value is
+    empty is left out, so optional sections leave no stray blank lines."""
+    text = _template(kind)[part]
+    empty = {name for name, value in values.items() if value in ("", None)}
+    lines = [line for line in text.split("\n") if not (line.startswith("${") and line.endswith("}") and line[2:-1] in empty)]
+    text = Template("\n".join(lines)).substitute({k: "" if v is None else v for k, v in values.items()})
+    return re.sub(r"\n{3,}", "\n\n", text)
+
+
+def _notes_file(name: str) -> tuple[str, ...]:
+    """The Notes of a bundled card from ``model_card_templates/notes/<name>.md``: one per ``- `` bullet, continuation
+    lines joined with spaces; none when the file does not exist."""
+    path = TEMPLATES / "notes" / f"{name}.md"
+    if not path.is_file():
+        return ()
+    notes: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("- "):
+            notes.append(line[2:].strip())
+        elif line.strip() and notes:
+            notes[-1] += " " + line.strip()
+    return tuple(notes)
 
 
 @dataclass(frozen=True)
@@ -46,58 +86,21 @@ class BundledCard:
     """A folder under ``adaflash_hf/bundled/`` whose ``README.md`` is also ``model_cards/<name>.md``.
 
     bench_json: an ``adaflash bench`` JSON under the repository root whose ``adaflash`` rows the card
-    reports; notes: human-written lines for the card's Notes section (how the numbers were obtained).
+    reports. The card's Notes (how the numbers were obtained) are ``model_card_templates/notes/<name>.md``.
     """
 
     folder: str
     name: str
     bench_json: str | None = None
-    notes: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return _notes_file(self.name)
 
 
 BUNDLED_CARDS = (
-    BundledCard("smollm2-135m", "smollm2-135m-adaflash", "benchmarks/batch1/smollm2-135m.json", notes=(
-        "The 192 self-generated training responses (and 46 held-out ones) came from the shared cache in runs/data, "
-        "generated once by an earlier run with the same settings in 12.9 minutes (training prompts) plus about 11.5 "
-        "minutes (held-out prompts); the whole recipe therefore costs about 88 CPU-minutes from scratch.",
-        "The real-engine check at the end of training ran while other training jobs shared the two CPU cores; its "
-        "tokens/s are noisy, tau and acceptance are not.",
-        "Draft vocabulary, datastore and acceptance prior were added later without changing the weights: `adaflash "
-        "prepare-drafter --drafter auto --data-dir data/smollm2-135m --output-dir OUT --size 4096 --acceptance-prompts 200` "
-        "(the vocabulary counted on all 67 shards of `adaflash generate-data`, 763,500 response tokens, which also form the "
-        "datastore; 4,096 tokens rather than 32,768 because a drafter pass then costs 2.6 instead of 5.5 ms, measured, at the "
-        "same drafter-alone acceptance, so it can run every round to score the look-up candidates).",
-        "Session 17 added to the datastore the target's 382,754 response tokens to 2,000 general assistant requests "
-        "(`data/instruct_prompts.jsonl`, `adaflash generate-data --prompts`): 1,146,254 tokens in all; in the offline "
-        "replay this raised chat from 1.64x to 1.75x plain and the whole set from 2.06x to 2.11x.",
-        "Benchmark: 8 held-out prompts per domain, 96 new tokens, two torch threads on an otherwise idle Intel Xeon "
-        "(AVX512-BF16, no AMX); `adaflash` is the library's default hybrid drafting with draft trees, `adaflash-chain` "
-        "the same verifying one candidate per round, `adaflash-*` one draft source alone; the methods alternate prompt "
-        "by prompt. `same as target` < 1 is bf16 near-tie rounding (fp32 outputs are identical).",
-        "Research log: docs/research-log.md in the adaflash-hf repository.",
-    )),
-    BundledCard("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-adaflash", "benchmarks/batch1/qwen2.5-coder-1.5b.json", notes=(
-        "The self-generated responses (96 training, 24 held-out; <= 160 new tokens) were produced once by an earlier "
-        "run with the same settings in 25.3 minutes on one thread and read from the shared cache (--data-dir); from "
-        "scratch the recipe costs about 25 + 60 minutes plus evaluations.",
-        "The 60-minute training loop ran its first 250 steps on one thread (part of it while a benchmark shared the "
-        "CPU), then was resumed from its checkpoint by the same command with --num-threads 2; the thread count changes "
-        "only how many steps fit in the time budget (1,049 here).",
-        "The end-of-training engine check (2 prompts) timed speculative decoding without a warm-up call, in the "
-        "training process; its tokens/s are not a speed measurement. Use the benchmark table.",
-        "Draft vocabulary, datastore and acceptance prior added later without changing the weights. Session 10: "
-        "`adaflash prepare-drafter --target qwen2.5-coder-1.5b --drafter auto --data-dir data/qwen2.5-coder-1.5b --size "
-        "4096 --acceptance-prompts 24 --acceptance-tokens 64` (4,096 tokens cover 89 % of held-out response tokens, and "
-        "the smaller head makes the drafter cheap enough to score the look-up candidates every round: 1.17x against 1.09x "
-        "with the earlier 32,768-token head, the same datastore and prior, in one session). Session 13: the same with "
-        "`--keep-vocab` on 251 cached self-generated training responses (56,424 tokens, twice the earlier datastore; tau "
-        "1.47 -> 1.54 in an A/B, one prompt per domain).",
-        "Benchmark (session 18): two torch threads on an otherwise idle AMD EPYC (AVX512-BF16, no AMX), four prompts per "
-        "domain (96 new tokens); `adaflash` is the library's default hybrid drafting with draft trees; `assisted` uses "
-        "qwen2.5-coder-0.5b as the draft model. On an Intel Xeon without AMX, where verifying 16 tokens costs "
-        "2.5 plain steps, the engine made 1.07-1.17x (session 10).",
-        "Research log: docs/research-log.md in the adaflash-hf repository.",
-    )),
+    BundledCard("smollm2-135m", "smollm2-135m-adaflash", "benchmarks/batch1/smollm2-135m.json"),
+    BundledCard("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-adaflash", "benchmarks/batch1/qwen2.5-coder-1.5b.json"),
     BundledCard("smollm2-135m-length-head", "smollm2-135m-length-head"),
     BundledCard("qwen2.5-coder-1.5b-length-head", "qwen2.5-coder-1.5b-length-head"),
 )
@@ -111,8 +114,8 @@ def _datasets(domains: list[str]) -> list[str] | None:
     return [DOMAIN_DATASETS[d] for d in domains if d in DOMAIN_DATASETS] or None
 
 
-def _card(data: ModelCardData, body: list[str]) -> ModelCard:
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
+def _card(data: ModelCardData, body: str) -> ModelCard:
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + body.strip("\n") + "\n")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,64 +160,29 @@ def drafter_card(config: dict, summary: dict, bench: dict | None = None, repo_id
     name = name or f"{Path(target).name}-adaflash"
     data = ModelCardData(base_model=base_model, library_name="transformers", pipeline_tag=PIPELINE_TAG, license=LICENSE,
                          tags=DRAFTER_TAGS, datasets=_datasets(domains), model_name=name, eval_results=results or None)
-    body = [
-        f"# AdaFlash drafter for {base_model}",
-        "",
-        "A block-diffusion drafter (DFlash architecture) for lossless speculative decoding of "
-        f"`{base_model}` with adaflash-hf: one forward pass proposes a block of {config['block_size']} tokens from the "
-        f"target's hidden states at layers {config['target_layer_ids']}; the target verifies the block in one pass, "
-        "so its output is unchanged.",
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from adaflash_hf import enable_adaflash, load_drafter, load_target",
-        f'target, tokenizer = load_target("{target}")',
-        f'drafter = load_drafter("{repo_id or "path/to/this/folder"}", target)  # also attaches datastore.safetensors',
-        "enable_adaflash(target)",
-        "out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=128)",
-        "```",
-        "",
-        "Without adaflash-hf: `AutoModel.from_pretrained(path, trust_remote_code=True)` loads it, and "
-        "transformers' `generate(..., assistant_model=drafter, speculation_type=\"dflash\")` uses it.",
-        "",
-        "## Architecture",
-        "",
-        f"- {config['num_hidden_layers']} draft layer(s), hidden size {config['hidden_size']}, block size "
-        f"{config['block_size']}, mask token id {config['mask_token_id']}, context from target layers {config['target_layer_ids']}",
-        "- the target's embeddings and lm_head are used at run time and are not stored here",
-        *_draft_data_lines(config, draft_data, prior),
-        "",
-        "## Training",
-        "",
-        f"- data: {json.dumps(summary.get('data_sizes'))}",
-        f"- steps: {summary.get('steps')}, supervised tokens seen: {summary.get('supervised_tokens_seen')}",
-        *([f"- continued from `{recipe['init_from']}` (held-out tau {summary['held_out_at_init']['tau']:.3f} at step 0 "
-           "on this run's eval split)"] if recipe.get("init_from") and summary.get("held_out_at_init") else []),
-        _wall_time_line(summary),
-        "",
-        "Reproduce with:",
-        "",
-        "```bash",
-        command_line("train-drafter", TrainDrafterConfig(**recipe)),
-        "```",
-        "",
-        "## Measured results",
-        "",
-    ]
+    measured = []
     if held_out:
-        body.append("Held-out eval split (never trained on), teacher-forced on the target's own greedy outputs:")
-        body.append(f"tau {held_out.get('tau', float('nan')):.3f}, per-position acceptance "
-                    f"{[round(a, 3) for a in held_out.get('position_acceptance', [])[:8]]}.")
+        measured.append(_fill("drafter", "held_out", tau=f"{held_out.get('tau', float('nan')):.3f}",
+                              position_acceptance=str([round(a, 3) for a in held_out.get("position_acceptance", [])[:8]])))
     if engine:
-        body += ["", f"Real engine on held-out prompts: tau {engine.get('tau', float('nan')):.3f}, "
-                 f"{engine.get('spec_tokens_per_s', float('nan')):.1f} tok/s speculative vs "
-                 f"{engine.get('plain_tokens_per_s', float('nan')):.1f} tok/s plain (same process)."]
+        measured.append(_fill("drafter", "engine", tau=f"{engine.get('tau', float('nan')):.3f}",
+                              spec=f"{engine.get('spec_tokens_per_s', float('nan')):.1f}",
+                              plain=f"{engine.get('plain_tokens_per_s', float('nan')):.1f}"))
     if bench:
-        body += _bench_table(bench)
-    if notes:
-        body += ["", "## Notes", ""] + [f"- {note}" for note in notes]
-    body += ["", "## Limitations", "", LIMITATIONS, ""]
+        measured.append(_bench_table(bench))
+    init_from = ""
+    if recipe.get("init_from") and summary.get("held_out_at_init"):
+        init_from = _fill("drafter", "init_from", init_from=recipe["init_from"], tau=f"{summary['held_out_at_init']['tau']:.3f}")
+    body = _fill(
+        "drafter", base_model=base_model, target=target, repo_id=repo_id or "path/to/this/folder",
+        block_size=config["block_size"], target_layer_ids=config["target_layer_ids"],
+        num_hidden_layers=config["num_hidden_layers"], hidden_size=config["hidden_size"], mask_token_id=config["mask_token_id"],
+        draft_data_lines="\n".join(_draft_data_lines(config, draft_data, prior)),
+        data_sizes=json.dumps(summary.get("data_sizes")), steps=summary.get("steps"),
+        supervised_tokens_seen=summary.get("supervised_tokens_seen"), init_from_line=init_from,
+        wall_time_line=_wall_time_line(summary), command=command_line("train-drafter", TrainDrafterConfig(**recipe)),
+        measured="\n\n".join(measured),
+        notes=_fill("drafter", "notes", notes="\n".join(f"- {note}" for note in notes)) if notes else "")
     return _card(data, body)
 
 
@@ -223,43 +191,38 @@ def _bench_row(bench: dict, method: str) -> dict | None:
     return next((r for r in bench["results"] if r["method"] == method and r["domain"] == "all"), None)
 
 
-def _bench_table(bench: dict) -> list[str]:
-    lines = ["", f"`adaflash bench` ({bench.get('dtype', '?')}, {bench.get('torch_threads', '?')} CPU threads, batch 1, greedy):", "",
-             "| domain | method | tok/s | tau | accept rate | speed-up | same as target |", "|---|---|---|---|---|---|---|"]
-    for r in bench["results"]:
-        accept = "-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}"
-        lines.append(f"| {r['domain']} | {r['method']} | {r['tokens_per_second']:.2f} | {r['mean_accepted_length']:.2f} | "
-                     f"{accept} | {r['speedup']:.2f}x | {r['same_as_target']:.2f} |")
+def _bench_table(bench: dict) -> str:
+    rows = [_fill("drafter", "bench_row", domain=r["domain"], method=r["method"], tokens_per_second=f"{r['tokens_per_second']:.2f}",
+                  tau=f"{r['mean_accepted_length']:.2f}", accept="-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}",
+                  speedup=f"{r['speedup']:.2f}", same=f"{r['same_as_target']:.2f}")
+            for r in bench["results"]]
+    table = _fill("drafter", "bench", dtype=bench.get("dtype", "?"), threads=bench.get("torch_threads", "?"), rows="\n".join(rows))
     if bench.get("command"):
-        lines += ["", f"Command: `{bench['command']}`"]
-    return lines
+        # where the bench wrote its files says nothing about the measurement; the card shows what produced the numbers
+        command = re.sub(r" --(?:json|plot) \S+", "", bench["command"])
+        table += "\n\n" + _fill("drafter", "bench_command", command=command)
+    return table
 
 
 def _draft_data_lines(config: dict, draft_data: dict | None, prior: dict | None = None) -> list[str]:
     lines = []
     if config.get("draft_vocab_size"):
-        coverage = f", covering {draft_data['heldout_coverage']:.2%} of held-out target output tokens" if draft_data else ""
-        lines.append(f"- reduced draft vocabulary: the {config['draft_vocab_size']} most frequent target output tokens{coverage} "
-                     "(logits only over these; verification stays over the full vocabulary, so decoding stays lossless)")
+        coverage = _fill("drafter", "coverage", coverage=f"{draft_data['heldout_coverage']:.2%}") if draft_data else ""
+        lines.append(_fill("drafter", "draft_vocab", draft_vocab_size=config["draft_vocab_size"], coverage=coverage))
     if draft_data and draft_data.get("datastore_tokens"):
-        lines.append(f"- `datastore.safetensors`: {draft_data['datastore_tokens']} tokens of the target's own greedy responses to "
-                     "cached prompts (`adaflash generate-data`), used by the engine's `datastore` draft source (suffix matches)")
+        lines.append(_fill("drafter", "datastore", datastore_tokens=draft_data["datastore_tokens"]))
     if draft_data and draft_data.get("retention_samples"):
-        lines.append(f"- `retention.safetensors`: {draft_data['retention_samples']} training prompts with the target's responses; "
-                     "on-line distillation (`AdaFlashOPD`) publishes no adapter that loses more than 2 % of the drafter's τ on them")
+        lines.append(_fill("drafter", "retention", retention_samples=draft_data["retention_samples"]))
     if prior:
-        lines.append(f"- `acceptance_prior.json`: the acceptance rates the engine learned on {prior.get('prompts', '?')} held-out "
-                     f"training prompts ({len(prior['entries'])} features), so a fresh process starts with calibrated draft "
-                     "choices (each feature's counts weigh at most 16 observations, so live traffic takes over quickly)")
+        lines.append(_fill("drafter", "prior", prompts=prior.get("prompts", "?"), features=len(prior["entries"])))
     return lines
 
 
 def _wall_time_line(summary: dict) -> str:
     wall, data, train = (summary.get(k, 0.0) for k in ("wall_minutes", "data_minutes", "train_minutes"))
-    if wall < train:  # summaries written before the trainer summed wall time over resumed processes
-        return (f"- wall time: {train:.1f} min of training loop over resumed runs on a 2-core CPU (the last process ran "
-                f"{wall:.1f} min, {data:.1f} of them loading data)")
-    return f"- wall time: {wall:.1f} min in all ({data:.1f} data, {train:.1f} training) on a 2-core CPU"
+    # summaries written before the trainer summed wall time over resumed processes have wall < train
+    part = "wall_time_resumed" if wall < train else "wall_time"
+    return _fill("drafter", part, wall=f"{wall:.1f}", data=f"{data:.1f}", train=f"{train:.1f}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,9 +230,8 @@ def _wall_time_line(summary: dict) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-LENGTH_HEAD_BASELINES = (("length_head", "this head"), ("engine_estimator", "engine estimator (online, as the policy saw it)"),
-                         ("estimator_features_refit", "estimator features, refit on the training records"),
-                         ("position_only", "per-position constants"))
+# The rows of a length head's calibration table, in order; their labels are the template's baseline_<key> parts.
+LENGTH_HEAD_BASELINES = ("length_head", "engine_estimator", "estimator_features_refit", "position_only")
 
 
 def length_head_card(config: dict, summary: dict, name: str | None = None) -> ModelCard:
@@ -295,54 +257,18 @@ def length_head_card(config: dict, summary: dict, name: str | None = None) -> Mo
                          tags=LENGTH_HEAD_TAGS, datasets=_datasets(recipe["train_domains"]),
                          model_name=name or f"{Path(target).name}-length-head", eval_results=results)
     rows = []
-    for key, label in LENGTH_HEAD_BASELINES:
+    for key in LENGTH_HEAD_BASELINES:
         r = summary["held_out"][key]
-        rows.append(f"| {label} | {r['log_loss']:.4f} | {r['brier']:.4f} | {r['length_mae']:.3f} | {r['length_bias']:+.3f} |")
-    body = [
-        f"# AdaFlash length head for the {target} drafter",
-        "",
-        f"Predicts, from the drafter's final hidden states for a block (block size {config['block_size']}, hidden size "
-        f"{config['hidden_size']}) and the engine's estimated acceptance rates as a prior, the conditional acceptance rate "
-        f"of each of its {num_drafts} drafts; adaflash-hf's `LengthHeadVerifyLength` turns them into the verify "
-        "length with the most expected tokens per second. "
-        f"{summary['head_parameters']:,} parameters; {summary['head_seconds_batch1'] * 1e3:.2f} ms per round at batch 1 on the "
-        "training machine's CPU.",
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from adaflash_hf import generate, load_drafter, load_target",
-        "from adaflash_hf.decoding.policy import LengthHeadVerifyLength",
-        "from adaflash_hf.training.length_head import load_length_head",
-        f'target, tokenizer = load_target("{target}")',
-        f'drafter = load_drafter("auto", target, target_name="{target}")',
-        "head = load_length_head(\"path/to/this/folder\", drafter)  # the head bundled with adaflash-hf: \"auto\"",
-        "out = generate(target, drafter, input_ids, verify_policy=LengthHeadVerifyLength(head), max_new_tokens=128)",
-        "```",
-        "",
-        "Without adaflash-hf: `AutoModel.from_pretrained(path, trust_remote_code=True)`.",
-        "",
-        "## Held-out calibration",
-        "",
-        f"{records['held_out']:,} verified drafter blocks from {records['held_out_prompts']} eval-split prompts (never trained on), "
-        f"recorded with the real engine verifying whole blocks; trained on {records['train']:,} blocks from "
-        f"{records['train_prompts']} training prompts. Log-loss and Brier score are per at-risk draft (every earlier draft "
-        "accepted); length errors compare the expected and the actual number of accepted drafts per block.",
-        "",
-        "| rates from | log-loss | Brier | accepted-length MAE | bias |",
-        "|---|---|---|---|---|",
-        *rows,
-        "",
-        f"Per draft position 1..{num_drafts}: log-loss of this head {head['log_loss_per_position']}, of the engine "
-        f"estimator {engine['log_loss_per_position']}, over {head['at_risk_per_position']} drafts at risk.",
-        "",
-        "Reproduce with:",
-        "",
-        "```bash",
-        command_line("train-length-head", TrainLengthHeadConfig(**recipe)),
-        "```",
-        "",
-    ]
+        rows.append(_fill("length_head", "row", label=_fill("length_head", f"baseline_{key}"), log_loss=f"{r['log_loss']:.4f}",
+                          brier=f"{r['brier']:.4f}", length_mae=f"{r['length_mae']:.3f}", length_bias=f"{r['length_bias']:+.3f}"))
+    body = _fill(
+        "length_head", target=target, block_size=config["block_size"], hidden_size=config["hidden_size"],
+        num_drafts=num_drafts, parameters=f"{summary['head_parameters']:,}",
+        ms_per_round=f"{summary['head_seconds_batch1'] * 1e3:.2f}", held_out_blocks=f"{records['held_out']:,}",
+        held_out_prompts=records["held_out_prompts"], train_blocks=f"{records['train']:,}", train_prompts=records["train_prompts"],
+        rows="\n".join(rows), head_per_position=head["log_loss_per_position"],
+        engine_per_position=engine["log_loss_per_position"], at_risk_per_position=head["at_risk_per_position"],
+        command=command_line("train-length-head", TrainLengthHeadConfig(**recipe)))
     return _card(data, body)
 
 
@@ -367,31 +293,12 @@ def adapter_card(base_drafter: str, target: str, version: int, metrics: dict, *,
                          tags=ADAPTER_TAGS, model_name=name, eval_results=results or None)
     measured = [f"- {label}: {metrics[key]}" for key, (_, label) in ADAPTER_RESULTS.items() if metrics.get(key) is not None]
     training = [f"- {key}: {value}" for key, value in metrics.items() if key not in ADAPTER_RESULTS]
-    body = [
-        f"# AdaFlash OPD adapter v{version} for {base_drafter}",
-        "",
-        f"A LoRA adapter (peft) on the AdaFlash drafter `{base_drafter}` for `{_hub_id(target)}`, trained by adaflash-hf's "
-        "on-policy distillation (OPD) on the target's own outputs from live decoding. Decoding with it stays lossless: "
-        "the target verifies every draft.",
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from peft import PeftModel",
-        "from adaflash_hf import enable_adaflash, load_drafter, load_target",
-        f'target, tokenizer = load_target("{target}")',
-        f'drafter = load_drafter("{base_drafter}", target)',
-        f'drafter = PeftModel.from_pretrained(drafter, "{repo_id or "path/to/this/folder"}").merge_and_unload()',
-        "enable_adaflash(target)",
-        "out = target.generate(input_ids, assistant_model=drafter, max_new_tokens=128)",
-        "```",
-        "",
-        "## Measured results",
-        "",
-        *([f"On {eval_dataset}, after this version:", "", *measured] if measured else ["None recorded for this version."]),
-        *(["", "## Training metrics", "", *training] if training else []),
-        "",
-    ]
+    body = _fill(
+        "adapter", version=version, base_drafter=base_drafter, target_hub_id=_hub_id(target), target=target,
+        repo_id=repo_id or "path/to/this/folder",
+        measured=(_fill("adapter", "measured", eval_dataset=eval_dataset, lines="\n".join(measured)) if measured
+                  else _fill("adapter", "nothing_measured")),
+        training=_fill("adapter", "training", lines="\n".join(training)) if training else "")
     return _card(data, body)
 
 
@@ -428,7 +335,7 @@ def write_model_card(folder: str | Path, bench_json: str | Path | None = None, r
 
 
 def bundled_card(entry: BundledCard, repo_root: str | Path) -> ModelCard:
-    """The card of a bundled folder; ``repo_root`` holds the ``benchmarks/`` its bench JSON lives in."""
+    """The card of a bundled folder; ``repo_root`` holds the ``benchmarks/`` folder its bench JSON lives in."""
     from .drafters import BUNDLED_DIR
 
     bench = json.loads((Path(repo_root) / entry.bench_json).read_text()) if entry.bench_json else None
