@@ -107,3 +107,44 @@ def test_target_initialised_layers_copy_the_target_and_pass_the_deepest_context_
         context = torch.cat([hidden[i + 1] for i in LAYERS], dim=-1)
         expected = target.model.layers[3].input_layernorm(hidden[3])  # layer 2's output, as layer 3 normalises it
         assert torch.allclose(drafter.project_context(context), expected, atol=1e-5)
+
+
+def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path, monkeypatch):
+    import adaflash_hf.training.trainer as trainer_module
+    from adaflash_hf.training import TrainDrafterConfig, train_drafter
+    from test_training import byte_tokenizer
+    from test_training import tiny_target as tiny_llama
+
+    tokenizer = byte_tokenizer()
+    target = tiny_llama(vocab=len(tokenizer), layers=4)
+    target.generation_config.eos_token_id = 2
+    target.generation_config.pad_token_id = 2
+    data_dir = tmp_path / "data"
+    folder = data_dir / "train" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    _write_shard(folder / "shard_00000.safetensors",
+                 [(torch.randint(4, len(tokenizer), (40,), generator=generator).tolist(), 6) for _ in range(4)])
+    cache = build_feature_cache(target, tokenizer, data_dir, tmp_path / "cache", [1, 3], "tiny")
+    calls = []
+    real = trainer_module.target_features
+    monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    common = dict(target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, train_domains=["math"],
+                  corpus_fraction=0.0, eval_prompts_per_domain=2, gen_max_new_tokens=6, gen_batch_size=2,
+                  eval_anchors=4, eval_every=100, checkpoint_every=100, warmup_steps=1, engine_eval_prompts=0,
+                  max_steps=4, data_dir=str(data_dir), feature_cache=str(cache))
+    final = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "run"), **common), target, tokenizer)
+    assert calls == [1]  # the final held-out evaluation only: every training batch came from the cache
+    summary = json.loads((final / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["target_layer_ids"] == [1, 3]
+    assert summary["feature_cache"]["tokens"] == 160
+    with pytest.raises(ValueError, match="target layers"):
+        train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "other"), target_layer_ids=[0, 2], **common),
+                      target, tokenizer)
+    with pytest.raises(ValueError, match="distill_weight"):
+        TrainDrafterConfig(output_dir="x", feature_cache=str(cache), distill_weight=0.5)
+
+    target_init = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "init"), num_layers=1, init_layers="target",
+                                                   **{**common, "max_steps": 1}), target, tokenizer)
+    summary = json.loads((target_init / "training_summary.json").read_text())
+    assert summary["held_out_at_init"]["tau"] >= 1.0  # the starting point is measured
