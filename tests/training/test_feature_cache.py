@@ -110,10 +110,11 @@ def test_target_initialised_layers_copy_the_target_and_pass_the_deepest_context_
 
 
 def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path, monkeypatch):
-    import adaflash_hf.training.trainer as trainer_module
-    from adaflash_hf.training import TrainDrafterConfig, train_drafter
     from test_training import byte_tokenizer
     from test_training import tiny_target as tiny_llama
+
+    import adaflash_hf.training.trainer as trainer_module
+    from adaflash_hf.training import TrainDrafterConfig, train_drafter
 
     tokenizer = byte_tokenizer()
     target = tiny_llama(vocab=len(tokenizer), layers=4)
