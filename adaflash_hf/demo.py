@@ -193,7 +193,7 @@ def token_spans(tokenizer, tokens: Sequence[int], sources: Sequence[str]) -> lis
     Decoded incrementally (special tokens skipped), so the spans' text joins to the full decode even
     when a character's bytes are split across tokens; such a character goes to its last token's span.
     """
-    from .serving.server import IncrementalDetokenizer
+    from .detokenizer import IncrementalDetokenizer
 
     detokenizer = IncrementalDetokenizer(tokenizer)
     spans: list[Span] = []
@@ -417,7 +417,7 @@ def load_demo(args: DemoArgs) -> gradio.Blocks:
     """Load the target, drafter and length head that ``args`` name, and build the page on them."""
     import_gradio()
     from .drafters import load_drafter
-    from .serving.server import adaptive_policy
+    from .policies import adaptive_policy
     from .serving.torch_thread import torch_thread
     from .targets import load_target
 

@@ -247,7 +247,8 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     from ..bench import code_provenance
     from ..drafters import load_drafter
     from ..targets import load_target
-    from .server import ServerThread, create_app
+    from .app import create_app
+    from .server import ServerThread
 
     mixed = bench_prompts(args)  # before the models load: a bad prompt file fails at once
     if args.num_threads:

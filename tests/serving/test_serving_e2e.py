@@ -20,7 +20,8 @@ uvicorn = pytest.importorskip("uvicorn")
 @pytest.fixture(scope="module")
 def stack():
     from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
-    from adaflash_hf.serving.server import ServerThread, create_app
+    from adaflash_hf.serving.app import create_app
+    from adaflash_hf.serving.server import ServerThread
 
     target, drafter, tokenizer = tiny_chat_models(max_positions=256)
     scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=3, calibrate=False), model_name="tiny")
