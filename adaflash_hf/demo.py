@@ -13,6 +13,9 @@ page also shows tau (tokens per round), tokens per second, the speed-up, the ver
 every round (by the length head when one is loaded) and, with an on-policy distillation worker
 (``opd``), its ``status()``: the adapter version and the tau history.
 
+Address and port: ``--host`` and ``--port`` when given, else Gradio's own ``GRADIO_SERVER_NAME`` and
+``GRADIO_SERVER_PORT`` (as hosting platforms set them), else 127.0.0.1:7860 (this machine only).
+
 gradio and torch are imported inside functions, so the CLI reads ``DemoArgs`` without the demo extra.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import html
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -60,12 +64,23 @@ class DemoArgs:
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
     length_head: str = field(default="auto", metadata={"help": "Adaptive length head that chooses the verify lengths: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     dtype: str = dtype_field()
-    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the demo to the network."})
-    port: int = field(default=7860, metadata={"help": "TCP port."})
+    host: str | None = field(default=None, metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; "
+                                                      "0.0.0.0 exposes the demo to the network (default: "
+                                                      "$GRADIO_SERVER_NAME, else 127.0.0.1)."})
+    port: int | None = field(default=None, metadata={"help": "TCP port (default: $GRADIO_SERVER_PORT, else 7860)."})
     max_new_tokens: int = field(default=200, metadata={"help": "Default of the page's token budget slider."})
     share: bool = field(default=False, metadata={"help": "Also open a temporary public gradio.live link: anyone with the link can use the demo."})
 
     def __post_init__(self):
+        if self.host is None:
+            self.host = os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+        if self.port is None:
+            port = os.environ.get("GRADIO_SERVER_PORT") or "7860"
+            try:
+                self.port = int(port)
+            except ValueError:
+                raise ValueError(f"GRADIO_SERVER_PORT={port!r} is not a port number: set it to one in 1..65535, "
+                                 "or pass --port.") from None
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: choose a TCP port in 1..65535.")
         if self.max_new_tokens < 1:

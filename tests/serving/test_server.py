@@ -283,6 +283,8 @@ BAD_REQUESTS = [  # (path, body, status, message, param)
     ("/v1/completions", completion(temperature="hot"), 400, "temperature: Input should be a valid number", "temperature"),
     ("/v1/completions", completion(temperature=3), 400, "temperature: Input should be less than or equal to 2", "temperature"),
     ("/v1/completions", completion(top_p=0), 400, "top_p: Input should be greater than 0", "top_p"),
+    ("/v1/completions", completion(timeout=0), 400, "timeout: Input should be greater than 0", "timeout"),
+    ("/v1/completions", completion(timeout="5"), 400, "timeout: Input should be a valid number", "timeout"),
     ("/v1/completions", completion(prompt=12), 400, "prompt: prompt must be a string or a list of token ids.", "prompt"),
     ("/v1/completions", completion(prompt=["a", "b"]), 400,
      "prompt: batched prompts are not supported: send one request per prompt.", "prompt"),
