@@ -19,8 +19,8 @@ uvicorn = pytest.importorskip("uvicorn")
 
 @pytest.fixture(scope="module")
 def stack():
-    from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
     from adaflash_hf.serving.app import create_app
+    from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
     from adaflash_hf.serving.server import ServerThread
 
     target, drafter, tokenizer = tiny_chat_models(max_positions=256)
