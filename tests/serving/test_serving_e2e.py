@@ -92,12 +92,17 @@ def test_the_load_generator_reports_every_request(stack):
 
 
 def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(tmp_path):
-    """The CLI as a user starts it: engine in the main thread, uvicorn beside it; SIGTERM ends it cleanly."""
+    """The CLI as a user starts it: engine in the main thread, uvicorn beside it, the key from ADAFLASH_API_KEY.
+    SIGTERM drains it: /health and new requests get 503 with Retry-After, the request in flight streams to its
+    end, and the process exits 0."""
     import os
     import signal
     import socket
     import subprocess
     import sys
+    import threading
+
+    import httpx
 
     target, drafter, tokenizer = tiny_chat_models(max_positions=256)
     target.save_pretrained(tmp_path / "target")
@@ -106,12 +111,15 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    key, url = "e2e-key", f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [sys.executable, "-m", "adaflash_hf.cli", "serve", "--target", str(tmp_path / "target"), "--drafter",
-         str(tmp_path / "drafter"), "--dtype", "fp32", "--port", str(port), "--served-model-name", "tiny"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+         str(tmp_path / "drafter"), "--dtype", "fp32", "--port", str(port), "--served-model-name", "tiny",
+         "--drain-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "ADAFLASH_API_KEY": key})
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
         deadline = time.time() + 120
         while True:
             try:
@@ -121,16 +129,42 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
                 assert process.poll() is None, process.stdout.read()
                 assert time.time() < deadline, "the server did not come up within 120 s"
                 time.sleep(0.2)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
         prompt = [5, 17, 33, 8, 21]
         reply = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
         assert reply.choices[0].text == reference_text(target, tokenizer, prompt, 12)
+
+        long_prompt, streamed, started = [9, 40, 41, 12], [], threading.Event()
+
+        def in_flight():  # a long request that is streaming when the signal comes
+            for chunk in client.completions.create(model="tiny", prompt=long_prompt, max_tokens=240, temperature=0,
+                                                   stream=True):
+                streamed.append(chunk)
+                started.set()
+
+        reader = threading.Thread(target=in_flight)
+        reader.start()
+        assert started.wait(60)
         process.send_signal(signal.SIGTERM)
+        while (health := httpx.get(f"{url}/health", timeout=10)).status_code == 200:
+            time.sleep(0.01)
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        refused = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 4},
+                             headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "shutting_down"
+        assert not any(c.choices[0].finish_reason for c in streamed if c.choices), "still streaming when refused"
+        reader.join(60)
+        text = "".join(c.choices[0].text for c in streamed if c.choices)
+        assert text == reference_text(target, tokenizer, long_prompt, 240)
+        assert streamed[-1].choices[0].finish_reason in ("length", "stop")
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, output
-    assert "Traceback" not in output and "stopping" in output
+    assert "Traceback" not in output and "stopping" in output and "draining" in output
 
 
 def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
