@@ -7,6 +7,7 @@ join and leave mid-generation (staggered starts, different lengths, one client t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -89,6 +90,86 @@ def test_the_load_generator_reports_every_request(stack):
     assert row["mean_accepted_length"] >= 1 and row["peak_rss_mb"] > 0
     assert all(r["queue_wait_s"] is not None for r in records)
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def wait_idle(scheduler, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (scheduler.status()["active"] or scheduler.status()["queued"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_row(stack):
+    import httpx
+
+    url, _, _, scheduler = stack
+    before = scheduler.status()["counters"]
+    body = {"model": "tiny", "prompt": [9, 40, 41, 12], "max_tokens": 240, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=30) as client, client.stream("POST", f"{url}/completions", json=body) as response:
+        assert next(line for line in response.iter_lines() if line.startswith("data: "))
+    wait_idle(scheduler)
+    after = scheduler.status()["counters"]
+    assert scheduler.status()["active"] == 0 and after["cancelled"] - before["cancelled"] == 1
+    assert after["finished"] == before["finished"] and after["generated_tokens"] - before["generated_tokens"] < 240
+
+
+def test_a_request_past_its_deadline_gets_a_clear_error(stack):
+    import httpx
+
+    url, _, _, scheduler = stack
+    before = scheduler.status()["counters"]["timeouts"]
+    body = {"model": "tiny", "prompt": [9, 40, 41, 12], "max_tokens": 200, "temperature": 0, "timeout": 1e-6}
+    response = httpx.post(f"{url}/completions", json=body, timeout=30)
+    assert response.status_code == 408
+    error = response.json()["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "timeout_error" and error["param"] == "timeout"
+    assert error["message"].startswith("the request passed its deadline of 1e-06 s after 0 tokens")
+    with httpx.Client(timeout=30) as client, client.stream("POST", f"{url}/completions",
+                                                           json={**body, "stream": True}) as streamed:
+        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert streamed.status_code == 200 and events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "request_timeout"
+    wait_idle(scheduler)
+    assert scheduler.status()["counters"]["timeouts"] - before == 2 and scheduler.status()["active"] == 0
+
+
+def test_a_flood_past_the_queue_gets_only_200s_and_429s():
+    """Far more requests at once than batch + queue hold: every one is answered, with its full greedy output or
+    429 and Retry-After; nothing is lost, nothing errors, nothing hangs."""
+    import httpx
+
+    from adaflash_hf.serving.app import create_app
+    from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
+    from adaflash_hf.serving.server import ServerThread
+
+    target, drafter, tokenizer = tiny_chat_models(max_positions=256)
+    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=2, max_queue=3, calibrate=False),
+                          model_name="tiny")
+    prompts = [[5, 6, 7 + i] for i in range(4)]
+    references = [reference_text(target, tokenizer, p, 8) for p in prompts]
+
+    async def flood(url):
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(client.post(f"{url}/v1/completions", json={
+                "model": "tiny", "prompt": prompts[i % 4], "max_tokens": 8, "temperature": 0}) for i in range(48)))
+
+    with ServerThread(create_app(scheduler)) as url:
+        responses = asyncio.run(asyncio.wait_for(flood(url), 120))
+        wait_idle(scheduler)
+        counters = scheduler.status()["counters"]
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 429}, statuses
+    for i, response in enumerate(responses):
+        if response.status_code == 429:
+            assert int(response.headers["Retry-After"]) >= 1 and response.json()["error"]["code"] == "queue_full"
+        else:
+            assert response.json()["choices"][0]["text"] == references[i % 4]
+    assert counters["finished"] == counters["submitted"] == statuses.count(200)
+    assert counters["rejected_queue_full"] == statuses.count(429) and counters["errors"] == 0
+    assert f'adaflash_requests_total{{outcome="rate_limited"}} {float(statuses.count(429))}' in metrics
+    assert f'adaflash_requests_total{{outcome="success"}} {float(statuses.count(200))}' in metrics
+    assert 'adaflash_draft_tokens_proposed_total{position="1",source=' in metrics
+    assert "adaflash_accepted_tokens_per_round_count" in metrics and "adaflash_requests_waiting 0.0" in metrics
 
 
 def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(tmp_path):
