@@ -228,3 +228,27 @@ def test_the_demo_binds_where_gradio_is_told_unless_flags_say_otherwise(monkeypa
     monkeypatch.setenv("GRADIO_SERVER_PORT", "70000")
     with pytest.raises(ValueError, match="--port 70000: choose a TCP port in 1..65535"):
         DemoArgs()
+
+
+# --------------------------------------------------------------------------------------------------
+# layering
+
+
+def test_serving_imports_neither_online_nor_the_commands_above_it():
+    """decoding < serving < online < the commands (serve, demo, cli): the OPD soak drives the serving scheduler,
+    so serving takes the OPD trainer as a plain object and `adaflash_hf.serve` wires the two together."""
+    import ast
+    from pathlib import Path
+
+    import adaflash_hf
+
+    package = Path(adaflash_hf.__file__).parent
+    above = {"online", "serve", "demo", "cli"}
+    for path in sorted((package / "serving").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                top = parts[0] if node.level == 2 else parts[1] if parts[0] == "adaflash_hf" and len(parts) > 1 else None
+                assert top not in above, f"serving/{path.name} imports {node.module}"
+    demo = (package / "demo.py").read_text()
+    assert "serving.server" not in demo and "serving.app" not in demo  # shared helpers live below serving
