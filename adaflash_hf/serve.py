@@ -21,24 +21,50 @@ API_KEY_ENV = "ADAFLASH_API_KEY"
 
 @dataclass
 class ServeArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
-    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the server to the network (set --api-key then)."})
+    target: str = field(default=DEFAULT_TARGET, metadata={"help":
+        f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
+    drafter: str = field(default="auto", metadata={"help":
+        "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
+    host: str = field(default="127.0.0.1", metadata={"help":
+        "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the server to the network (set "
+        "--api-key then)."})
     port: int = field(default=8000, metadata={"help": "TCP port."})
-    api_key: str | None = field(default=None, metadata={"help": f"Key that every /v1/* request must send as 'Authorization: Bearer <key>' (default: ${API_KEY_ENV}, else none). /health and /metrics stay open."})
+    api_key: str | None = field(default=None, metadata={"help":
+        f"Key that every /v1/* request must send as 'Authorization: Bearer <key>' (default: ${API_KEY_ENV}, "
+        "else none). /health and /metrics stay open."})
     dtype: str = dtype_field()
     max_batch_size: int = field(default=32, metadata={"help": "Most requests decoding at once."})
-    max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."})
-    request_timeout: float | None = field(default=None, metadata={"help": "Seconds a request may take (queued and running) when it sends no 'timeout', and the most it may ask for; past it the request ends with HTTP 408 and frees its slot (default: no limit)."})
-    drain_timeout: float = field(default=30.0, metadata={"help": "On SIGTERM or SIGINT: seconds the requests in flight may take to finish before they are cancelled (new ones get HTTP 503); a second signal exits at once."})
-    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most expected tokens per second at the current load."})
-    sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
-    tree_nodes: int | None = field(default=None, metadata={"help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single best candidate; default: the library's (DraftingConfig.tree_nodes)."})
-    length_head: str = field(default="auto", metadata={"help": "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
-    served_model_name: str | None = field(default=None, metadata={"help": "Model id that clients send and /v1/models lists (default: --target)."})
-    opd: bool = field(default=False, metadata={"help": "On-policy distillation: train LoRA adapters on the drafter from live traffic (on a CPU between rounds, under --opd-duty-cycle, and while idle) and swap them in between rounds (status under /v1/status)."})
-    opd_publish_dir: str | None = field(default=None, metadata={"help": "With --opd: also write each adapter version to this folder (v000N/ + LATEST) for other engines to follow."})
-    opd_duty_cycle: float = field(default=0.25, metadata={"help": "With --opd: share of wall time the trainer may compute; serving keeps the rest."})
+    max_queue: int = field(default=256, metadata={"help":
+        "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."})
+    request_timeout: float | None = field(default=None, metadata={"help":
+        "Seconds a request may take (queued and running) when it sends no 'timeout', and the most it may ask "
+        "for; past it the request ends with HTTP 408 and frees its slot (default: no limit)."})
+    drain_timeout: float = field(default=30.0, metadata={"help":
+        "On SIGTERM or SIGINT: seconds the requests in flight may take to finish before they are cancelled "
+        "(new ones get HTTP 503); a second signal exits at once."})
+    verify_len: int | None = field(default=None, metadata={"help":
+        "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most "
+        "expected tokens per second at the current load."})
+    sources: str = field(default="drafter,suffix,global,datastore", metadata={"help":
+        "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, "
+        "datastore)."})
+    tree_nodes: int | None = field(default=None, metadata={"help":
+        "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single "
+        "best candidate; default: the library's (DraftingConfig.tree_nodes)."})
+    length_head: str = field(default="auto", metadata={"help":
+        "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the "
+        "drafter, if any), 'none', a folder or a Hub id."})
+    served_model_name: str | None = field(default=None, metadata={"help":
+        "Model id that clients send and /v1/models lists (default: --target)."})
+    opd: bool = field(default=False, metadata={"help":
+        "On-policy distillation: train LoRA adapters on the drafter from live traffic (on a CPU between "
+        "rounds, under --opd-duty-cycle, and while idle) and swap them in between rounds (status under "
+        "/v1/status)."})
+    opd_publish_dir: str | None = field(default=None, metadata={"help":
+        "With --opd: also write each adapter version to this folder (v000N/ + LATEST) for other engines to "
+        "follow."})
+    opd_duty_cycle: float = field(default=0.25, metadata={"help":
+        "With --opd: share of wall time the trainer may compute; serving keeps the rest."})
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -89,7 +115,10 @@ def build_scheduler(args: ServeArgs):
     drafting = args.drafting()
     if args.verify_len is not None:
         check_verify_len(args.verify_len, drafter, drafting)
-    policy = FixedVerifyLength(args.verify_len) if args.verify_len else adaptive_policy(drafter, args.length_head, args.target)
+    if args.verify_len:
+        policy = FixedVerifyLength(args.verify_len)
+    else:
+        policy = adaptive_policy(drafter, args.length_head, args.target)
     opd = None
     if args.opd:
         if drafter is None:
@@ -107,7 +136,8 @@ def run_serve(args: ServeArgs) -> int:
     try:
         import uvicorn  # noqa: F401
     except ImportError as error:
-        raise SystemExit(f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' ({error}).") from None
+        raise SystemExit(f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' "
+                         f"({error}).") from None
     from .serving.app import create_app
     from .serving.auth import warn_if_exposed
     from .serving.server import serve
