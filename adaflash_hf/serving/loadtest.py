@@ -87,7 +87,7 @@ def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int,
         drafting = DraftingConfig(drafter=False, global_index=False, datastore=False)
         return Scheduler(target, None, tokenizer, config, drafting=drafting, drafting_state=DraftingState(drafting),
                          verify_policy=FixedVerifyLength(1), model_name=method)
-    from .server import adaptive_policy
+    from ..policies import adaptive_policy
 
     policy = FixedVerifyLength(int(n)) if n else adaptive_policy(drafter, "auto", target_name)
     return Scheduler(target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method)
