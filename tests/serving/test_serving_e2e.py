@@ -172,6 +172,76 @@ def test_a_flood_past_the_queue_gets_only_200s_and_429s():
     assert "adaflash_accepted_tokens_per_round_count" in metrics and "adaflash_requests_waiting 0.0" in metrics
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_drains_on_a_signal_and_stops_the_opd_trainer():
+    """serve() in this process: SIGTERM while a request streams lets it finish, ends the engine loop, stops the
+    trainer and returns (the process test below covers refusals and the exit status)."""
+    import os
+    import signal
+    import threading
+
+    import httpx
+
+    from adaflash_hf.serving.app import create_app
+    from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
+    from adaflash_hf.serving.server import serve
+
+    class Trainer:  # the part of AdaFlashOPD that the engine calls
+        observer, inline = None, False
+
+        def __init__(self):
+            self.calls = []
+
+        def start(self):
+            self.calls.append("start")
+
+        def stop(self):
+            self.calls.append("stop")
+
+        def check_health(self):
+            return True
+
+    target, drafter, tokenizer = tiny_chat_models(max_positions=256)
+    trainer, port, lines = Trainer(), free_port(), []
+    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=2, calibrate=False),
+                          model_name="tiny", opd=trainer)
+
+    def client():
+        body = {"model": "tiny", "prompt": [9, 40, 41, 12], "max_tokens": 240, "temperature": 0, "stream": True}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with httpx.Client(timeout=60) as http, http.stream(
+                        "POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as response:
+                    events = (line for line in response.iter_lines() if line.startswith("data: "))
+                    lines.append(next(events))
+                    os.kill(os.getpid(), signal.SIGTERM)  # to the main thread, which runs the engine
+                    lines.extend(events)
+                    return
+            except httpx.ConnectError:  # not listening yet
+                time.sleep(0.05)
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    worker = threading.Thread(target=client)
+    worker.start()
+    try:
+        serve(scheduler, create_app(scheduler, manage_scheduler=False), "127.0.0.1", port, drain_timeout=60)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        worker.join(30)
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
+    assert trainer.calls == ["start", "stop"] and not scheduler.ready and scheduler.draining
+
+
 def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(tmp_path):
     """The CLI as a user starts it: engine in the main thread, uvicorn beside it, the key from ADAFLASH_API_KEY.
     SIGTERM drains it: /health and new requests get 503 with Retry-After, the request in flight streams to its
