@@ -151,7 +151,8 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
         stopped, so that a load balancer or an orchestrator's readiness probe waits for it or moves on."""
         if scheduler.draining:
             return JSONResponse({"status": "draining", "detail": "the server is shutting down: it finishes the "
-                                 "requests it took and admits no new one"}, status_code=503, headers={"Retry-After": "5"})
+                                 "requests it took and admits no new one"}, status_code=503,
+                                headers={"Retry-After": "5"})
         if scheduler.ready:
             return {"status": "ok"}
         return JSONResponse({"status": "unavailable", "detail": "the engine is not taking requests yet (starting up) or any more "

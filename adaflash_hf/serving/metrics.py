@@ -88,7 +88,8 @@ class SchedulerCollector:
         yield GaugeMetricFamily("adaflash_batch_size", "Rows the last round verified (0 once the engine idles).",
                                 value=stats["batch_size"])
         accepted = {tokens - 1: rows for tokens, rows in stats["round_tokens"].items()}
-        buckets = [(floatToGoString(le), sum(rows for a, rows in accepted.items() if a <= le)) for le in ACCEPTED_BUCKETS]
+        buckets = [(floatToGoString(le), sum(rows for a, rows in accepted.items() if a <= le))
+                   for le in ACCEPTED_BUCKETS]
         yield HistogramMetricFamily(
             "adaflash_accepted_tokens_per_round", "Draft tokens one row accepted in one round (the target's own "
             "token not counted: tokens per round = this + 1).",

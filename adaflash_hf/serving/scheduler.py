@@ -402,7 +402,8 @@ class Scheduler:
             stream = self._active.pop(request_id, None)
             if stream is None:
                 return
-            key = {"cancelled": "cancelled", "error": "errors", "timeout": "timeouts"}.get(event.finish_reason, "finished")
+            key = {"cancelled": "cancelled", "error": "errors", "timeout": "timeouts"}.get(event.finish_reason,
+                                                                                          "finished")
             self.counters[key] += 1
         stream._push(event)
         latency = stream.done_at - stream.submitted

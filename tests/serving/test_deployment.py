@@ -151,15 +151,16 @@ def test_engine_series_come_from_the_scheduler_at_scrape_time():
             return {"active": 3, "queued": 7, "opd": {"adapter_version": 4, "state": "training"}}
 
         def round_stats(self):
-            return {"batch_size": 3, "round_tokens": {1: 5, 3: 2}, "drafts": {("drafter", 1): (7, 4), ("drafter", 2): (7, 2),
-                                                                               ("suffix", 1): (1, 0)}}
+            drafts = {("drafter", 1): (7, 4), ("drafter", 2): (7, 2), ("suffix", 1): (1, 0)}
+            return {"batch_size": 3, "round_tokens": {1: 5, 3: 2}, "drafts": drafts}
 
     registry = prometheus_client.CollectorRegistry()
     registry.register(SchedulerCollector(Engine()))
     value = registry.get_sample_value
     assert value("adaflash_requests_running") == 3 and value("adaflash_requests_waiting") == 7
     assert value("adaflash_batch_size") == 3
-    assert value("adaflash_accepted_tokens_per_round_count") == 7 and value("adaflash_accepted_tokens_per_round_sum") == 4
+    assert value("adaflash_accepted_tokens_per_round_count") == 7
+    assert value("adaflash_accepted_tokens_per_round_sum") == 4
     assert value("adaflash_accepted_tokens_per_round_bucket", {"le": "0.0"}) == 5
     assert value("adaflash_accepted_tokens_per_round_bucket", {"le": "2.0"}) == 7
     assert value("adaflash_draft_tokens_proposed_total", {"source": "drafter", "position": "2"}) == 7
@@ -248,7 +249,8 @@ def test_serving_imports_neither_online_nor_the_commands_above_it():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 parts = node.module.split(".")
-                top = parts[0] if node.level == 2 else parts[1] if parts[0] == "adaflash_hf" and len(parts) > 1 else None
+                absolute = parts[0] == "adaflash_hf" and len(parts) > 1
+                top = parts[0] if node.level == 2 else parts[1] if absolute else None
                 assert top not in above, f"serving/{path.name} imports {node.module}"
     demo = (package / "demo.py").read_text()
     assert "serving.server" not in demo and "serving.app" not in demo  # shared helpers live below serving

@@ -378,7 +378,8 @@ def test_round_statistics_stay_bounded_and_add_up(llama_scheduler):
 
     async def main():
         params = RequestParams(max_new_tokens=24, stop_token_ids=[NEVER])
-        return await asyncio.gather(*(scheduler.submit(p, params).collect() for p in random_prompts([4, 6, 9], seed=41)))
+        prompts = random_prompts([4, 6, 9], seed=41)
+        return await asyncio.gather(*(scheduler.submit(p, params).collect() for p in prompts))
 
     asyncio.run(main())
     stats, counters = scheduler.round_stats(), scheduler.status()["counters"]
