@@ -327,7 +327,7 @@ class Scheduler:
                     self._deliver(self.batch.step())
                     if self.opd is not None:
                         self.opd.check_health()  # restarts a dead trainer (bounded; a thread liveness check); serving never waits on it
-                ended = self.counters["finished"] + self.counters["cancelled"] + self.counters["errors"]
+                ended = sum(self.counters[key] for key in ("finished", "cancelled", "errors", "timeouts"))
                 if ended != self._trimmed_at_finished and self._heap.maybe_trim():
                     self._trimmed_at_finished = ended
             except Exception as error:  # a failed round ends its requests, never the server
