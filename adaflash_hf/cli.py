@@ -56,7 +56,7 @@ COMMANDS: dict[str, Command] = {
                      "Benchmark decoding methods side by side; prints a table, writes JSON."),
     "profile": Command("adaflash_hf.profile:ProfileArgs", "adaflash_hf.profile:run_profile",
                        "Where the time of one speculative round goes, against one plain decode step."),
-    "serve": Command("adaflash_hf.serving.server:ServeArgs", "adaflash_hf.serving.server:run_serve",
+    "serve": Command("adaflash_hf.serve:ServeArgs", "adaflash_hf.serve:run_serve",
                      "Serve the target over an OpenAI-compatible HTTP API (localhost by default), with continuous batching."),
     "generate-data": Command("adaflash_hf.training.configs:GenerateDataConfig", "adaflash_hf.training.data:generate_data",
                              "Cache the target's own greedy responses to training prompts (resumable), for train-drafter."),

@@ -1,6 +1,6 @@
 """``adaflash demo``: plain decoding and AdaFlash side by side on one prompt, in a Gradio page.
 
-Both sides run on the engine core (:class:`~adaflash_hf.decoding.state.SpeculativeBatch`) with the
+Both sides run on the engine core (:mod:`adaflash_hf.demo_race`: one-row ``SpeculativeBatch`` es) with the
 same target, prompt ids and sampling. The plain side verifies one token per round (a plain decode
 step); the AdaFlash side drafts (drafter block, suffix match, global index, datastore) and verifies.
 They take turns on one machine, and the side that has spent less compute time so far steps next: at
@@ -13,6 +13,9 @@ page also shows tau (tokens per round), tokens per second, the speed-up, the ver
 every round (by the length head when one is loaded) and, with an on-policy distillation worker
 (``opd``), its ``status()``: the adapter version and the tau history.
 
+Address and port: ``--host`` and ``--port`` when given, else Gradio's own ``GRADIO_SERVER_NAME`` and
+``GRADIO_SERVER_PORT`` (as hosting platforms set them), else 127.0.0.1:7860 (this machine only).
+
 gradio and torch are imported inside functions, so the CLI reads ``DemoArgs`` without the demo extra.
 """
 
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import html
 import logging
+import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .cli_args import DTYPES, check_choice, check_port_free, dtype_field
+from .demo_race import TARGET, Race, Side, race, token_spans
 from .targets import DEFAULT_TARGET, PRESETS
 
 if TYPE_CHECKING:
@@ -33,12 +38,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from .decoding.sampling import SamplingParams
-    from .decoding.state import RowSpec, SpeculativeBatch
 
 logger = logging.getLogger(__name__)
 
 GRADIO_RANGE = ">=5.0,<7"  # the demo extra's pin (pyproject.toml)
-TARGET = "target"  # label of the token the target produces itself at the end of every round
 SOURCE_STYLES = {  # label -> (legend text, background colour)
     "drafter": ("drafter", "#a5b4fc"),
     "suffix": ("suffix match", "#86efac"),
@@ -60,161 +63,28 @@ class DemoArgs:
     drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
     length_head: str = field(default="auto", metadata={"help": "Adaptive length head that chooses the verify lengths: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     dtype: str = dtype_field()
-    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the demo to the network."})
-    port: int = field(default=7860, metadata={"help": "TCP port."})
+    host: str | None = field(default=None, metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; "
+                                                      "0.0.0.0 exposes the demo to the network (default: "
+                                                      "$GRADIO_SERVER_NAME, else 127.0.0.1)."})
+    port: int | None = field(default=None, metadata={"help": "TCP port (default: $GRADIO_SERVER_PORT, else 7860)."})
     max_new_tokens: int = field(default=200, metadata={"help": "Default of the page's token budget slider."})
     share: bool = field(default=False, metadata={"help": "Also open a temporary public gradio.live link: anyone with the link can use the demo."})
 
     def __post_init__(self):
+        if self.host is None:
+            self.host = os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+        if self.port is None:
+            port = os.environ.get("GRADIO_SERVER_PORT") or "7860"
+            try:
+                self.port = int(port)
+            except ValueError:
+                raise ValueError(f"GRADIO_SERVER_PORT={port!r} is not a port number: set it to one in 1..65535, "
+                                 "or pass --port.") from None
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: choose a TCP port in 1..65535.")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens {self.max_new_tokens}: ask for at least 1 new token.")
         check_choice("--dtype", self.dtype, DTYPES)
-
-
-# --------------------------------------------------------------------------------------------------
-# The race: both sides on the engine core, no web imports
-
-
-@dataclass
-class Span:
-    """A run of generated text whose tokens came from one source; ``num_tokens`` tokens make ``text``."""
-
-    text: str
-    source: str
-    num_tokens: int
-
-
-class Side:
-    """One decoding path of the race: a one-row :class:`SpeculativeBatch`, the tokens it produced with
-    the source of each, its per-round statistics and the compute time it spent."""
-
-    def __init__(self, name: str, target, drafter=None, **batch_kwargs):
-        from .decoding.outputs import SpeculativeStats
-        from .decoding.state import SpeculativeBatch
-
-        self.name = name
-        self.stats = SpeculativeStats()
-        self.batch: SpeculativeBatch = SpeculativeBatch(target, drafter, on_round=self.stats.add_round, **batch_kwargs)
-        self.tokens: list[int] = []
-        self.sources: list[str] = []  # per token: the draft source it was accepted from, or TARGET
-        self.seconds = 0.0
-        self.finish_reason: str | None = None
-
-    def advance(self, spec: RowSpec | None = None) -> None:
-        """Prefill ``spec`` (its first token), or run one round; time it and label the new tokens."""
-        start = time.perf_counter()
-        (update,) = self.batch.add_rows([spec]) if spec is not None else self.batch.step()
-        self.seconds += time.perf_counter() - start
-        accepted = 0 if update.source == "prefill" else self.stats.rounds[-1].accept_lengths[0]
-        # accepted drafts, then the target's own token; a chunk cut at a stop id or the budget is a prefix
-        self.sources += ([update.source] * accepted + [TARGET])[: len(update.tokens)]
-        self.tokens += update.tokens
-        self.finish_reason = update.finish_reason
-
-    @property
-    def tau(self) -> float:
-        """Tokens per round (plain decoding: 1); 0 before the first round."""
-        return self.stats.mean_accepted_length
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds else 0.0
-
-    @property
-    def verify_lens(self) -> list[int]:
-        """Tokens verified in each round (anchor + drafts)."""
-        return [r.verify_lens[0] for r in self.stats.rounds]
-
-    @property
-    def round_sources(self) -> list[str]:
-        return [r.sources[0] for r in self.stats.rounds]
-
-
-@dataclass
-class Race:
-    """Both sides of one comparison, as they stand after the latest step."""
-
-    plain: Side
-    adaflash: Side
-    spec: RowSpec
-
-    @property
-    def done(self) -> bool:
-        return self.plain.finish_reason is not None and self.adaflash.finish_reason is not None
-
-    @property
-    def speedup(self) -> float | None:
-        """AdaFlash tokens per second over plain tokens per second (None until both have run)."""
-        if not self.plain.tokens_per_second or not self.adaflash.tokens_per_second:
-            return None
-        return self.adaflash.tokens_per_second / self.plain.tokens_per_second
-
-    @property
-    def first_difference(self) -> int | None:
-        """The first new token where the two texts differ; None while one is a prefix of the other."""
-        a, b = self.plain.tokens, self.adaflash.tokens
-        index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if index is None and self.done and len(a) != len(b):
-            index = min(len(a), len(b))
-        return index
-
-
-def race(target, drafter, spec: RowSpec, *, drafting_state=None, verify_policy=None, seed: int = 0) -> Iterator[Race]:
-    """Decode ``spec`` with the target alone and with AdaFlash, taking turns; yields after every step.
-
-    drafting_state / verify_policy: the AdaFlash side's (default: the target's shared drafting state
-    and its goodput policy). The plain side gets a fresh state and a verify length of 1 every round.
-    Whichever running side has spent less compute time steps next, so both advance at their own speed.
-    """
-    import torch
-
-    from .decoding.policy import FixedVerifyLength
-    from .decoding.proposers import DraftingConfig, DraftingState
-
-    plain_drafting = DraftingConfig(drafter=False, suffix=True, global_index=False, datastore=False)  # never verified
-    plain = Side("plain", target, drafting=plain_drafting, drafting_state=DraftingState(plain_drafting),
-                 verify_policy=FixedVerifyLength(1), generator=torch.Generator().manual_seed(seed))
-    adaflash = Side("adaflash", target, drafter, drafting_state=drafting_state, verify_policy=verify_policy,
-                    generator=torch.Generator().manual_seed(seed))
-    progress = Race(plain, adaflash, spec)
-    for side in (plain, adaflash):
-        side.advance(spec)
-    yield progress
-    while not progress.done:
-        min((s for s in (plain, adaflash) if s.finish_reason is None), key=lambda s: s.seconds).advance()
-        yield progress
-
-
-def token_spans(tokenizer, tokens: Sequence[int], sources: Sequence[str]) -> list[Span]:
-    """Text of ``tokens`` cut into runs of one source; every token lies in exactly one span.
-
-    Decoded incrementally (special tokens skipped), so the spans' text joins to the full decode even
-    when a character's bytes are split across tokens; such a character goes to its last token's span.
-    """
-    from .serving.server import IncrementalDetokenizer
-
-    detokenizer = IncrementalDetokenizer(tokenizer)
-    spans: list[Span] = []
-    waiting = 0  # tokens whose text has not come out yet
-
-    def emit(text: str, source: str) -> None:
-        if spans and spans[-1].source == source:
-            spans[-1].text += text
-            spans[-1].num_tokens += waiting
-        else:
-            spans.append(Span(text, source, waiting))
-
-    for token, source in zip(tokens, sources):
-        waiting += 1
-        text = detokenizer.add([token])
-        if text:
-            emit(text, source)
-            waiting = 0
-    if waiting:
-        emit(detokenizer.flush(), sources[-1])
-    return spans
 
 
 # --------------------------------------------------------------------------------------------------
@@ -417,7 +287,7 @@ def load_demo(args: DemoArgs) -> gradio.Blocks:
     """Load the target, drafter and length head that ``args`` name, and build the page on them."""
     import_gradio()
     from .drafters import load_drafter
-    from .serving.server import adaptive_policy
+    from .policies import adaptive_policy
     from .serving.torch_thread import torch_thread
     from .targets import load_target
 

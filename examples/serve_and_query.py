@@ -19,7 +19,9 @@ import argparse
 
 from openai import OpenAI
 
-from adaflash_hf.serving.server import ServeArgs, ServerThread, build_scheduler, create_app
+from adaflash_hf.serve import ServeArgs, build_scheduler
+from adaflash_hf.serving.app import create_app
+from adaflash_hf.serving.server import ServerThread
 
 
 def describe(metrics: dict) -> str:

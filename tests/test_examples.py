@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_scheduler import tiny_chat_models, tiny_chat_tokenizer
+from serving.fake_scheduler import tiny_chat_models, tiny_chat_tokenizer
 
 from adaflash_hf import load_target
 

@@ -87,7 +87,7 @@ def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int,
         drafting = DraftingConfig(drafter=False, global_index=False, datastore=False)
         return Scheduler(target, None, tokenizer, config, drafting=drafting, drafting_state=DraftingState(drafting),
                          verify_policy=FixedVerifyLength(1), model_name=method)
-    from .server import adaptive_policy
+    from ..policies import adaptive_policy
 
     policy = FixedVerifyLength(int(n)) if n else adaptive_policy(drafter, "auto", target_name)
     return Scheduler(target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method)
@@ -247,7 +247,8 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     from ..bench import code_provenance
     from ..drafters import load_drafter
     from ..targets import load_target
-    from .server import ServerThread, create_app
+    from .app import create_app
+    from .server import ServerThread
 
     mixed = bench_prompts(args)  # before the models load: a bad prompt file fails at once
     if args.num_threads:

@@ -3,7 +3,8 @@
 Requests are strict: unknown fields are rejected (``extra="forbid"``) and JSON types are not coerced
 (``"max_tokens": "10"`` is an error), so a typo never silently changes what is generated. OpenAI
 fields this server cannot honour (``n`` > 1, ``logprobs``, penalties) are accepted only at their no-op values
-and otherwise rejected with a message that says so. ``top_k`` is an extension, as in vLLM.
+and otherwise rejected with a message that says so. ``top_k`` is an extension, as in vLLM; so is
+``timeout`` (seconds before the server ends the request).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class _SamplingRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted for compatibility; not used
+    timeout: float | None = Field(default=None, gt=0.0)  # extension: seconds before the server ends the request
 
     @field_validator("n")
     @classmethod

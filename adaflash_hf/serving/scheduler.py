@@ -19,7 +19,11 @@ several rounds instead of stalling every running stream. How many tokens each ro
 verify policy's choice, from the same cost model: under load it shortens drafts, down to plain
 steps when they do not pay.
 The queue is bounded (``max_queue``): past it :meth:`Scheduler.submit` raises :class:`QueueFull`
-with a retry hint. All statistics are bounded counters, so a server can run for days.
+with a retry hint. A request may carry a deadline (``RequestParams.timeout``): past it, queued or
+running, it ends with finish_reason "timeout" and its row is freed before the next round.
+:meth:`Scheduler.drain` stops admissions (``submit`` raises :class:`ShuttingDown`), lets the accepted
+requests finish until a deadline, cancels what is left and ends the engine loop. All statistics are
+bounded counters (per-position ones up to the drafter's block size), so a server can run for days.
 """
 
 from __future__ import annotations
@@ -30,142 +34,19 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from ..decoding.outputs import RoundStats
 from ..decoding.policy import wants_drafts
 from ..decoding.proposers import DraftingConfig, DraftingState
-from ..decoding.sampling import SamplingParams
 from ..decoding.state import RowSpec, RowUpdate, SpeculativeBatch
 from ..heap import HeapTrimmer
+from .requests import QueueFull, RequestParams, RequestStream, SchedulerConfig, ShuttingDown, TokenEvent
+
+__all__ = ["QueueFull", "RequestParams", "RequestStream", "Scheduler", "SchedulerConfig", "ShuttingDown", "TokenEvent"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SchedulerConfig:
-    max_batch_size: int = field(default=32, metadata={"help": "Most requests decoding at once."})
-    max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429."})
-    max_prefill_tokens: int = field(default=4096, metadata={"help": "Most prompt tokens admitted between two rounds."})
-    adaptive_admission: bool = field(default=True, metadata={"help": "Cap the prompt tokens prefilled between two rounds at what the measured cost says takes prefill_rounds decode rounds (at least one request joins per round), so running requests keep streaming while new ones join."})
-    prefill_rounds: float = field(default=4.0, metadata={"help": "With adaptive admission: decode rounds' worth of time one admission may take."})
-    calibrate: bool = field(default=True, metadata={"help": "Time target forwards of 1 to max_batch_size x (block + 1) tokens at start-up, so verify lengths and admission know this machine's costs from the first request."})
-
-    def __post_init__(self):
-        for name in ("max_batch_size", "max_queue", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1.")
-        if not self.prefill_rounds > 0:
-            raise ValueError(f"prefill_rounds={self.prefill_rounds}: must be > 0.")
-
-
-@dataclass
-class RequestParams:
-    """Per-request decoding parameters (the OpenAI request's fields, in token terms)."""
-
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    stop_token_ids: list[int] = field(default_factory=list)  # empty: the target's EOS ids
-    seed: int | None = None  # accepted for compatibility; rows share one RNG in a continuous batch
-
-    def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: must be an integer >= 1.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 is greedy).")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1].")
-        self.sampling()  # validates top_k
-
-    def sampling(self) -> SamplingParams:
-        if self.temperature == 0:
-            return SamplingParams()
-        return SamplingParams(do_sample=True, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p if self.top_p is not None and self.top_p < 1 else None)
-
-
-@dataclass
-class TokenEvent:
-    token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error" on the last event
-    error: str | None = None
-
-
-class QueueFull(Exception):
-    def __init__(self, message: str, retry_after: float):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class RequestStream:
-    """Async iterator of one request's :class:`TokenEvent`; the last event has ``finish_reason`` set."""
-
-    def __init__(self, scheduler: Scheduler, request_id: str, prompt_ids: list[int], params: RequestParams, loop):
-        self.request_id, self.prompt_ids, self.params = request_id, prompt_ids, params
-        self._scheduler, self._loop, self._queue = scheduler, loop, asyncio.Queue()
-        self.cancelled = False
-        self.finished = False  # set by the engine thread with the last event
-        self._ended = False  # set by the reader after the last event
-        self.submitted = time.perf_counter()
-        self.admitted: float | None = None
-        self.first_token: float | None = None
-        self.done_at: float | None = None
-        self.num_tokens = 0
-        self.rounds = 0  # speculative rounds this row took part in
-        self.round_tokens = 0  # tokens those rounds produced (accepted drafts + the target's own)
-        self.verified = 0  # tokens verified in them (anchor + drafts)
-
-    def cancel(self) -> None:
-        """Stop the request (thread-safe): it leaves the batch before the next round."""
-        self._scheduler._cancel(self)
-
-    @property
-    def metrics(self) -> dict:
-        end = self.done_at or time.perf_counter()
-        return {
-            "queue_wait_s": None if self.admitted is None else self.admitted - self.submitted,
-            "ttft_s": None if self.first_token is None else self.first_token - self.submitted,
-            "latency_s": end - self.submitted,
-            "num_tokens": self.num_tokens,
-            "rounds": self.rounds,
-            "mean_accepted_length": self.round_tokens / self.rounds if self.rounds else None,
-            "verified_per_token": self.verified / self.round_tokens if self.round_tokens else None,
-        }
-
-    def _push(self, event: TokenEvent) -> None:  # engine thread
-        if event.token_ids and self.first_token is None:
-            self.first_token = time.perf_counter()
-        self.num_tokens += len(event.token_ids)
-        if event.finish_reason is not None:
-            self.finished, self.done_at = True, time.perf_counter()
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            pass
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event = await self._queue.get()
-        self._ended = event.finish_reason is not None
-        return event
-
-    async def collect(self) -> tuple[list[int], str]:
-        """Wait for the whole request: (tokens, finish_reason)."""
-        tokens, reason = [], None
-        async for event in self:
-            tokens.extend(event.token_ids)
-            if event.finish_reason is not None:
-                reason = event.finish_reason
-                break
-        return tokens, reason
 
 
 class Scheduler:
@@ -209,9 +90,15 @@ class Scheduler:
         self._calibrated = False
         self._heap = HeapTrimmer()  # finished rows leave freed cache pages that glibc would keep (adaflash_hf.heap)
         self._trimmed_at_finished = 0
-        self.counters = {"submitted": 0, "finished": 0, "cancelled": 0, "errors": 0, "rejected_queue_full": 0,
-                         "rounds": 0, "row_rounds": 0, "generated_tokens": 0, "round_tokens": 0, "verified_tokens": 0}
+        self.counters = {"submitted": 0, "finished": 0, "cancelled": 0, "errors": 0, "timeouts": 0,
+                         "rejected_queue_full": 0, "rejected_shutting_down": 0, "rounds": 0, "row_rounds": 0,
+                         "generated_tokens": 0, "round_tokens": 0, "verified_tokens": 0}
         self.source_counts: dict[str, int] = {}
+        self.round_tokens_counts: dict[int, int] = {}  # tokens one row gained in one round -> row-rounds
+        self.draft_counts: dict[tuple[str, int], list[int]] = {}  # (source, position) -> [proposed, accepted]
+        self.batch_size = 0  # rows in the last round (0 once the engine idles)
+        self._draining = False
+        self._drain_deadline = 0.0  # time.monotonic() when draining cancels what is left
         self.mean_latency: float | None = None  # EMA of finished requests' latency, for Retry-After
         self.last_error: str | None = None
 
@@ -222,7 +109,8 @@ class Scheduler:
 
         On a CPU with few cores prefer :meth:`run` in the thread that loaded the models: libgomp slows
         every OpenMP region once two OS threads own thread teams, and a background engine next to a
-        main thread that ran torch work decodes at about half speed (``docs/research-log.md``, 2026-12-01).
+        main thread that ran torch work decodes at about half speed (22.4 vs 12.2 tok/s measured on 2 CPUs;
+        :mod:`.torch_thread`).
         """
         with self._lock:
             if self._running:
@@ -289,8 +177,26 @@ class Scheduler:
         if was_running and self._thread is not threading.current_thread():
             self._stopped.wait(timeout)  # run() in another thread or start()'s thread: both set it as the loop ends
 
+    @property
+    def draining(self) -> bool:
+        """Whether :meth:`drain` was called: no new request is admitted."""
+        return self._draining
+
+    def drain(self, timeout: float) -> None:
+        """Admit no new request and end the engine loop once the accepted ones have finished, or after
+        ``timeout`` seconds, when what is left ends "cancelled". Safe from a signal handler: it only sets
+        flags and wakes the engine."""
+        with self._lock:
+            if not self._draining:
+                logger.info("draining: %d running and %d queued requests may finish within %.0f s",
+                            len(self._active), len(self._queue), timeout)
+            self._draining = True
+            self._drain_deadline = time.monotonic() + timeout
+            self._lock.notify_all()
+
     def submit(self, prompt_ids: list[int], params: RequestParams) -> RequestStream:
-        """Queue a request; call from a running asyncio loop. Raises ValueError or :class:`QueueFull`."""
+        """Queue a request; call from a running asyncio loop. Raises ValueError, :class:`QueueFull` or
+        :class:`ShuttingDown` (a `QueueFull`: the engine is draining)."""
         loop = asyncio.get_running_loop()
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
@@ -305,6 +211,10 @@ class Scheduler:
         if not self._running:
             raise RuntimeError("the scheduler is not running: call start() or run() first.")
         with self._lock:
+            if self._draining:
+                self.counters["rejected_shutting_down"] += 1
+                raise ShuttingDown("the server is shutting down and takes no new requests; retry on another "
+                                   "replica or once it is back.", retry_after=5.0)
             if len(self._queue) >= self.config.max_queue:
                 self.counters["rejected_queue_full"] += 1
                 raise QueueFull(f"the queue is full ({self.config.max_queue} requests waiting); retry later.",
@@ -320,6 +230,7 @@ class Scheduler:
             c = dict(self.counters)
             return {
                 "running": self._running,
+                "draining": self._draining,
                 "queued": len(self._queue),
                 "active": len(self._active),
                 "max_batch_size": self.config.max_batch_size,
@@ -331,6 +242,13 @@ class Scheduler:
                 "last_error": self.last_error,
                 "opd": None if self.opd is None else self.opd.status(),
             }
+
+    def round_stats(self) -> dict:
+        """Bounded round statistics for metrics: rows in the last round, row-rounds by tokens gained, and
+        drafts proposed and accepted by (source, position); position 1 is the draft after the anchor."""
+        with self._lock:
+            return {"batch_size": self.batch_size, "round_tokens": dict(self.round_tokens_counts),
+                    "drafts": {key: tuple(value) for key, value in self.draft_counts.items()}}
 
     def _cancel(self, stream: RequestStream) -> None:
         with self._lock:
@@ -372,13 +290,22 @@ class Scheduler:
         while True:
             with self._lock:
                 while self._running and not self._queue and not self._active:
+                    if self._draining:
+                        self._running = False  # drained: nothing accepted is left
+                        break
                     if self.opd is not None and self.opd.inline and self.opd.wants_idle_time():
                         idle_training = True  # no requests: the inline OPD trainer gets the engine's thread
                         break
+                    self.batch_size = 0
                     self._lock.wait()
+                if self._draining and time.monotonic() >= self._drain_deadline:
+                    logger.warning("drain deadline passed: cancelling %d running and %d queued requests",
+                                   len(self._active), len(self._queue))
+                    self._running = False
                 if not self._running:
                     break
                 cancelled, self._cancelled = self._cancelled, set()
+                expired = self._expire_queued()
                 admitted = self._admit()
             if idle_training and not admitted and not len(self.batch):
                 idle_training = False
@@ -391,6 +318,7 @@ class Scheduler:
             idle_training = False
             try:
                 self._drop(cancelled)
+                self._drop(expired, "timeout")
                 if admitted:
                     self._deliver(self.batch.add_rows([
                         RowSpec(s.request_id, s.prompt_ids, s.params.max_new_tokens, s.params.sampling(),
@@ -399,12 +327,21 @@ class Scheduler:
                     self._deliver(self.batch.step())
                     if self.opd is not None:
                         self.opd.check_health()  # restarts a dead trainer (bounded; a thread liveness check); serving never waits on it
-                ended = self.counters["finished"] + self.counters["cancelled"] + self.counters["errors"]
+                ended = sum(self.counters[key] for key in ("finished", "cancelled", "errors", "timeouts"))
                 if ended != self._trimmed_at_finished and self._heap.maybe_trim():
                     self._trimmed_at_finished = ended
             except Exception as error:  # a failed round ends its requests, never the server
                 logger.exception("engine round failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
+
+    def _expire_queued(self) -> set[str]:
+        """End queued requests past their deadline; return the running ones past it (lock held)."""
+        now = time.perf_counter()
+        for stream in [s for s in self._queue if s.deadline is not None and now >= s.deadline]:
+            self._queue.remove(stream)
+            self.counters["timeouts"] += 1
+            stream._push(TokenEvent([], "timeout"))
+        return {i for i, s in self._active.items() if s.deadline is not None and now >= s.deadline}
 
     def _admit(self) -> list[RequestStream]:
         """Pop the requests that may join before the next round (lock held)."""
@@ -441,13 +378,13 @@ class Scheduler:
             low, high = (mid, high) if cost.cost(mid) <= allowed else (low, mid - 1)
         return low
 
-    def _drop(self, cancelled: set[str]) -> None:
-        ids = [i for i in cancelled if i in self._active]
+    def _drop(self, request_ids: set[str], reason: str = "cancelled") -> None:
+        ids = [i for i in request_ids if i in self._active]
         if not ids:
             return
         self.batch.drop_rows(ids)
         for request_id in ids:
-            self._finish(request_id, TokenEvent([], "cancelled"))
+            self._finish(request_id, TokenEvent([], reason))
 
     def _deliver(self, updates: list[RowUpdate]) -> None:
         for update in updates:
@@ -465,7 +402,8 @@ class Scheduler:
             stream = self._active.pop(request_id, None)
             if stream is None:
                 return
-            key = {"cancelled": "cancelled", "error": "errors"}.get(event.finish_reason, "finished")
+            key = {"cancelled": "cancelled", "error": "errors", "timeout": "timeouts"}.get(event.finish_reason,
+                                                                                          "finished")
             self.counters[key] += 1
         stream._push(event)
         latency = stream.done_at - stream.submitted
@@ -486,11 +424,19 @@ class Scheduler:
     def _on_round(self, stats: RoundStats) -> None:
         c = self.counters
         c["rounds"] += 1
-        for row, accepted, verified, source in zip(stats.rows, stats.accept_lengths, stats.verify_lens, stats.sources):
+        self.batch_size = len(stats.rows)
+        checked = stats.checked or [verified - 1 for verified in stats.verify_lens]
+        for row, accepted, verified, source, drafts in zip(stats.rows, stats.accept_lengths, stats.verify_lens,
+                                                            stats.sources, checked):
             c["row_rounds"] += 1
             c["round_tokens"] += accepted + 1
             c["verified_tokens"] += verified
             self.source_counts[source] = self.source_counts.get(source, 0) + 1
+            self.round_tokens_counts[accepted + 1] = self.round_tokens_counts.get(accepted + 1, 0) + 1
+            for position in range(1, drafts + 1):  # along the accepted path: a tree's depth, a chain's index
+                counts = self.draft_counts.setdefault((source, position), [0, 0])
+                counts[0] += 1
+                counts[1] += position <= accepted
             stream = self._active.get(row)
             if stream is not None:
                 stream.rounds += 1

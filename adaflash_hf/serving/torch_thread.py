@@ -4,8 +4,8 @@ On a CPU, torch's intra-op parallelism is OpenMP (libgomp), and libgomp gives ev
 starts a parallel region its own team of worker threads. Once two OS threads own teams and the
 process has more OpenMP threads than CPUs, libgomp cuts its spin-waiting short, so every parallel
 region pays for waking its workers: on a 2-CPU machine the same ``generate`` decodes at about half
-speed in a second thread (``docs/research-log.md``, 2026-12-01: 22.4 tok/s in the main thread,
-12.2 in a worker). So a served process does all its torch work, loading included, in one thread:
+speed in a second thread (measured: 22.4 tok/s in the main thread, 12.2 in a worker). So a served
+process does all its torch work, loading included, in one thread:
 ``adaflash serve`` in the main thread (:meth:`~adaflash_hf.serving.scheduler.Scheduler.run`), the
 demo in the thread of :func:`torch_thread`.
 """

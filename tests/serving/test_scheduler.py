@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from adaflash_hf import AdaFlashDrafter
-from adaflash_hf.serving.scheduler import QueueFull, RequestParams, RequestStream, Scheduler, SchedulerConfig
+from adaflash_hf.serving.scheduler import (
+    QueueFull,
+    RequestParams,
+    RequestStream,
+    Scheduler,
+    SchedulerConfig,
+    ShuttingDown,
+)
 
 from conftest import EOS, greedy_reference, random_prompts, tiny_target
 
@@ -287,3 +295,103 @@ def test_a_torch_thread_runs_calls_and_generators_in_one_thread():
     with pytest.raises(ZeroDivisionError):
         worker.call(lambda: 1 / 0)
     assert torch_thread() is torch_thread()
+
+
+@pytest.fixture
+def llama_scheduler():
+    """One architecture is enough for admission, drain and deadline logic: the engine rounds are the same."""
+    target = tiny_target("llama")
+    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
+    scheduler = Scheduler(target, drafter, tokenizer=None,
+                          config=SchedulerConfig(max_batch_size=1, max_queue=8, calibrate=False))
+    scheduler.start()
+    assert scheduler.wait_until_running(30)
+    yield scheduler, target
+    scheduler.stop()
+
+
+NEVER = 10_000  # a stop id outside the vocabulary: a request runs to max_new_tokens
+
+
+def test_drain_finishes_the_accepted_requests_refuses_new_ones_and_ends_the_loop(llama_scheduler):
+    scheduler, target = llama_scheduler
+    prompts = random_prompts([5, 7], seed=31)
+
+    async def main():
+        streams = [scheduler.submit(p, RequestParams(max_new_tokens=16, stop_token_ids=[NEVER])) for p in prompts]
+        scheduler.drain(30)  # one runs, one waits in the queue: both were accepted, both finish
+        with pytest.raises(ShuttingDown, match="shutting down"):
+            scheduler.submit(prompts[0], RequestParams(max_new_tokens=4))
+        return [await s.collect() for s in streams]
+
+    results = asyncio.run(main())
+    for prompt, (tokens, reason) in zip(prompts, results):
+        assert reason == "length" and tokens == greedy_reference(target, prompt, 16)[len(prompt):]
+    assert scheduler._stopped.wait(10), "the engine loop ended once drained"
+    status = scheduler.status()
+    assert not status["running"] and status["draining"] and status["counters"]["rejected_shutting_down"] == 1
+
+
+def test_past_the_drain_deadline_what_is_left_is_cancelled(llama_scheduler):
+    scheduler, _ = llama_scheduler
+
+    async def main():
+        stream = scheduler.submit([5, 6, 7], RequestParams(max_new_tokens=400, stop_token_ids=[NEVER]))
+        async for event in stream:
+            if event.token_ids:
+                break
+        scheduler.drain(0)
+        tokens, reason = await stream.collect()
+        return reason, len(tokens)
+
+    reason, tokens = asyncio.run(main())
+    assert reason == "cancelled" and tokens < 400
+    assert scheduler._stopped.wait(10)
+
+
+def test_deadlines_end_queued_and_running_requests_and_free_their_rows(llama_scheduler):
+    scheduler, target = llama_scheduler
+    with pytest.raises(ValueError, match="timeout=0: must be a number of seconds > 0"):
+        RequestParams(max_new_tokens=4, timeout=0)
+
+    async def main():
+        running = scheduler.submit([5, 6, 7], RequestParams(max_new_tokens=400, stop_token_ids=[NEVER], timeout=600))
+        async for event in running:
+            if event.token_ids:
+                break
+        queued = scheduler.submit([8, 9], RequestParams(max_new_tokens=4, timeout=1e-6))  # the batch (1 row) is full
+        queued_result = await queued.collect()
+        running.deadline = 0.0  # as if its 600 s had passed
+        running_result = await running.collect()
+        after = scheduler.submit([8, 9], RequestParams(max_new_tokens=4))  # the freed row serves the next request
+        return queued_result, running_result, await after.collect()
+
+    (queued_tokens, queued_reason), (_, running_reason), (tokens, reason) = asyncio.run(main())
+    assert (queued_tokens, queued_reason, running_reason) == ([], "timeout", "timeout")
+    assert reason == "length" and tokens == greedy_reference(target, [8, 9], 4)[2:]
+    counters = scheduler.status()["counters"]
+    assert counters["timeouts"] == 2 and scheduler.status()["active"] == 0
+
+
+def test_round_statistics_stay_bounded_and_add_up(llama_scheduler):
+    scheduler, _ = llama_scheduler
+
+    async def main():
+        params = RequestParams(max_new_tokens=24, stop_token_ids=[NEVER])
+        prompts = random_prompts([4, 6, 9], seed=41)
+        return await asyncio.gather(*(scheduler.submit(p, params).collect() for p in prompts))
+
+    asyncio.run(main())
+    stats, counters = scheduler.round_stats(), scheduler.status()["counters"]
+    assert sum(stats["round_tokens"].values()) == counters["row_rounds"]
+    assert sum(tokens * rows for tokens, rows in stats["round_tokens"].items()) == counters["round_tokens"]
+    assert stats["drafts"] and all(position >= 1 for _, position in stats["drafts"])
+    assert len(stats["drafts"]) <= 4 * 32  # sources x the longest draft: bounded, however many rounds ran
+    for (source, position), (proposed, accepted) in stats["drafts"].items():
+        assert 0 <= accepted <= proposed
+        if position > 1:  # a draft is verified only after the one before it was accepted or verified
+            assert proposed <= stats["drafts"][(source, position - 1)][0]
+    deadline = time.monotonic() + 10
+    while scheduler.round_stats()["batch_size"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduler.round_stats()["batch_size"] == 0  # idle again

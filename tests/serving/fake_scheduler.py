@@ -6,7 +6,7 @@ scheduler's contract (``submit`` / ``status`` / ``start`` / ``stop``, the same `
 `TokenEvent` and `QueueFull`, the same checks that raise ``ValueError``) and records what the server
 did to it: submitted prompts and parameters, and cancellations. Knobs set by tests: ``delay_s``
 (seconds before each event), ``queue_full``, ``reject`` (a ValueError message), ``fail_after``
-(events before an engine error).
+(events before an engine error). ``drain`` makes it refuse new requests as a draining scheduler does.
 
 `tiny_chat_tokenizer` is a byte-level BPE trained in milliseconds on text like `REPLY`, so the reply
 splits multi-byte characters across tokens (and merges the end of one character with the next).
@@ -24,7 +24,7 @@ import time
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from adaflash_hf.serving.scheduler import QueueFull, RequestParams, TokenEvent
+from adaflash_hf.serving.scheduler import QueueFull, RequestParams, ShuttingDown, TokenEvent
 
 REPLY = "Hello, wörld! Ça va? 你好，世界。 Emoji: 🙂🚀🎉 done."
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -144,10 +144,14 @@ class FakeScheduler:
         self.queue_full = False
         self.reject: str | None = None
         self.fail_after: int | None = None
+        self.draining = False
 
     @property
     def ready(self) -> bool:
         return self.running
+
+    def drain(self, timeout: float) -> None:
+        self.draining = True
 
     def start(self) -> None:
         self.running = True
@@ -168,10 +172,15 @@ class FakeScheduler:
             raise ValueError(self.reject)
         if not self.running:
             raise RuntimeError("the scheduler is not running: call start() first.")
+        if self.draining:
+            raise ShuttingDown("the server is shutting down and takes no new requests; retry later.", retry_after=5)
         if self.queue_full:
             raise QueueFull("the queue is full (0 requests waiting); retry later.", retry_after=2.5)
         self.submitted.append((list(prompt_ids), params))
         return FakeStream(self, f"req-{next(self._ids)}", list(prompt_ids), params)
+
+    def round_stats(self) -> dict:
+        return {"batch_size": 0, "round_tokens": {}, "drafts": {}}
 
     def status(self) -> dict:
         return {"running": self.running, "queued": 0, "active": 0, "counters": {"submitted": len(self.submitted),

@@ -20,14 +20,11 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from fake_scheduler import REPLY, FakeScheduler, tiny_chat_tokenizer  # noqa: E402
 
-from adaflash_hf.serving.server import (  # noqa: E402
-    IncrementalDetokenizer,
-    ServeArgs,
-    ServerThread,
-    create_app,
-    find_stop,
-    partial_stop_length,
-)
+from adaflash_hf.detokenizer import IncrementalDetokenizer  # noqa: E402
+from adaflash_hf.serve import ServeArgs  # noqa: E402
+from adaflash_hf.serving.app import create_app  # noqa: E402
+from adaflash_hf.serving.generation import find_stop, partial_stop_length  # noqa: E402
+from adaflash_hf.serving.server import ServerThread  # noqa: E402
 
 MODEL = "fake-model"
 
@@ -118,10 +115,12 @@ def test_serve_args():
         ServeArgs(port=0)
 
 
-def test_server_module_imports_without_web_stack():
+@pytest.mark.parametrize("module", ["adaflash_hf.serve", "adaflash_hf.serving.server"])
+def test_server_module_imports_without_web_stack(module):
     """The CLI reads ServeArgs without the serve extra: web, pydantic and torch imports stay inside functions."""
-    import adaflash_hf.serving.server as server
+    import importlib
 
+    server = importlib.import_module(module)
     tree = ast.parse(Path(server.__file__).read_text())
     top_level = [n.module if isinstance(n, ast.ImportFrom) else a.name for n in tree.body
                  if isinstance(n, ast.Import | ast.ImportFrom) for a in (n.names if isinstance(n, ast.Import) else [n])]
@@ -284,6 +283,8 @@ BAD_REQUESTS = [  # (path, body, status, message, param)
     ("/v1/completions", completion(temperature="hot"), 400, "temperature: Input should be a valid number", "temperature"),
     ("/v1/completions", completion(temperature=3), 400, "temperature: Input should be less than or equal to 2", "temperature"),
     ("/v1/completions", completion(top_p=0), 400, "top_p: Input should be greater than 0", "top_p"),
+    ("/v1/completions", completion(timeout=0), 400, "timeout: Input should be greater than 0", "timeout"),
+    ("/v1/completions", completion(timeout="5"), 400, "timeout: Input should be a valid number", "timeout"),
     ("/v1/completions", completion(prompt=12), 400, "prompt: prompt must be a string or a list of token ids.", "prompt"),
     ("/v1/completions", completion(prompt=["a", "b"]), 400,
      "prompt: batched prompts are not supported: send one request per prompt.", "prompt"),
@@ -425,7 +426,7 @@ def test_chat_template_problems_are_400(served, template, message):
 def test_serve_on_a_port_in_use_says_so_before_loading_anything():
     import socket
 
-    from adaflash_hf.serving.server import ServeArgs, run_serve
+    from adaflash_hf.serve import run_serve
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -19,17 +19,15 @@ from adaflash_hf import DraftingState, FixedVerifyLength
 from adaflash_hf.cli import main
 from adaflash_hf.decoding.state import RowSpec
 from adaflash_hf.demo import (
-    TARGET,
     DemoArgs,
     check_port_free,
     opd_markdown,
-    race,
     stats_html,
     tau_history_table,
     text_html,
-    token_spans,
     verify_lens_html,
 )
+from adaflash_hf.demo_race import TARGET, race, token_spans
 from adaflash_hf.prompting import chat_prompt_ids
 
 PROMPTS = ["Hello world, hello there.", "wörld Ça café naïve 🙂 你好 世界 🚀🚀"]
