@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .provenance import code_provenance
 from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
 from .targets import DEFAULT_TARGET, PRESETS
 
@@ -137,22 +138,6 @@ class ForwardCounter:
 
     def close(self):
         self.handle.remove()
-
-
-def code_provenance() -> dict:
-    """Which adaflash-hf code produced a result: version, install location and git commit (if any)."""
-    import subprocess
-
-    from . import __version__
-
-    root = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=root, capture_output=True,
-                                    text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
-    return {"version": __version__, "package_dir": str(root), "git_commit": commit or None, "git_dirty": dirty if commit else None}
 
 
 def load_bench_prompts(args: BenchArgs) -> list[dict]:

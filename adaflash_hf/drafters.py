@@ -7,8 +7,10 @@ Bundled drafters (trained by adaflash-hf for the preset targets) ship inside the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel
 
 from .decoding.proposers import DATASTORE_FILE, PRIOR_FILE, load_acceptance_prior, load_datastore
@@ -108,3 +110,32 @@ def _drafter_file(name_or_path: str, filename: str) -> Path | None:
         return Path(hf_hub_download(name_or_path, filename))
     except (EntryNotFoundError, LocalEntryNotFoundError):
         return None
+
+
+def save_retention_samples(samples: Sequence[tuple[Sequence[int], int]], path) -> None:
+    """Write ``(tokens, prompt_len)`` samples (a prompt and the target's response) as a drafter folder's
+    ``retention.safetensors``: flat int32 ``ids``, ``lengths`` and ``starts`` (where each response begins)."""
+    from safetensors.torch import save_file
+
+    save_file({"ids": torch.tensor([t for tokens, _ in samples for t in tokens], dtype=torch.int32),
+               "lengths": torch.tensor([len(tokens) for tokens, _ in samples], dtype=torch.int64),
+               "starts": torch.tensor([start for _, start in samples], dtype=torch.int64)}, str(path))
+
+
+def load_retention_samples(path) -> list[tuple[list[int], int]]:
+    """The ``(tokens, prompt_len)`` samples of a ``retention.safetensors`` file; a clear error when it is unusable."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+        if {"ids", "lengths", "starts"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["ids"].numel():
+            raise ValueError("it needs flat 'ids', the 'lengths' of its samples (summing to its size) and their 'starts'")
+        samples = [(s.tolist(), int(start)) for s, start in zip(torch.split(tensors["ids"].long(), tensors["lengths"].tolist()),
+                                                                 tensors["starts"].tolist())]
+        if any(not 1 <= start < len(tokens) for tokens, start in samples):
+            raise ValueError("every sample needs a prompt and a response (0 < start < length)")
+    except (SafetensorError, ValueError) as error:
+        raise OSError(f"The retention samples {path} cannot be read ({error}): rebuild them (adaflash prepare-drafter) "
+                      "or delete the file (OPD then checks on the datastore's responses).") from error
+    return samples

@@ -78,7 +78,8 @@ def run_profile(args: ProfileArgs) -> int:
     import torch
 
     from . import DraftingConfig, DraftingState, FixedVerifyLength, generate, load_target
-    from .bench import code_provenance, load_bench_prompts
+    from .bench import load_bench_prompts
+    from .provenance import code_provenance
     from .drafters import load_drafter
 
     if args.num_threads is not None:

@@ -488,7 +488,7 @@ def run_quality(args: QualityArgs, command: str | None = None) -> int:
     """The ``adaflash bench --quality`` command: prints the table and writes ``args.json``; ``command`` is recorded."""
     import torch
 
-    from .bench import code_provenance
+    from .provenance import code_provenance
     from .drafters import load_drafter
     from .targets import load_target
 

@@ -107,7 +107,7 @@ def _live_prompts(args: BenchOPDArgs, exclude: set[str]) -> list[str]:
 def run_bench_opd(args: BenchOPDArgs) -> int:
     import torch
 
-    from ..bench import code_provenance
+    from ..provenance import code_provenance
     from ..cli_args import encode_prompt
     from ..decoding.engine import generate
     from ..decoding.policy import FixedVerifyLength

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.prompts import spread_evenly
+from ..drafters import load_retention_samples
 
 
 @dataclass
@@ -204,35 +205,6 @@ def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence
     values, top = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
     return Trajectory(ids[0].int().cpu(), prompt_len, features.to(torch.bfloat16).cpu(), top.int().cpu(), values.cpu(),
                       torch.zeros(ids.shape[1], dtype=torch.bool), tag)
-
-
-def save_retention_samples(samples: Sequence[tuple[Sequence[int], int]], path) -> None:
-    """Write ``(tokens, prompt_len)`` samples (a prompt and the target's response) as a drafter folder's
-    ``retention.safetensors``: flat int32 ``ids``, ``lengths`` and ``starts`` (where each response begins)."""
-    from safetensors.torch import save_file
-
-    save_file({"ids": torch.tensor([t for tokens, _ in samples for t in tokens], dtype=torch.int32),
-               "lengths": torch.tensor([len(tokens) for tokens, _ in samples], dtype=torch.int64),
-               "starts": torch.tensor([start for _, start in samples], dtype=torch.int64)}, str(path))
-
-
-def load_retention_samples(path) -> list[tuple[list[int], int]]:
-    """The ``(tokens, prompt_len)`` samples of a ``retention.safetensors`` file; a clear error when it is unusable."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(str(path))
-        if {"ids", "lengths", "starts"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["ids"].numel():
-            raise ValueError("it needs flat 'ids', the 'lengths' of its samples (summing to its size) and their 'starts'")
-        samples = [(s.tolist(), int(start)) for s, start in zip(torch.split(tensors["ids"].long(), tensors["lengths"].tolist()),
-                                                                 tensors["starts"].tolist())]
-        if any(not 1 <= start < len(tokens) for tokens, start in samples):
-            raise ValueError("every sample needs a prompt and a response (0 < start < length)")
-    except (SafetensorError, ValueError) as error:
-        raise OSError(f"The retention samples {path} cannot be read ({error}): rebuild them (adaflash prepare-drafter) "
-                      "or delete the file (OPD then checks on the datastore's responses).") from error
-    return samples
 
 
 def retention_samples(drafter, count: int, max_response_tokens: int = 128) -> list[tuple[list[int], int]]:

@@ -244,7 +244,7 @@ def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
 def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     import torch
 
-    from ..bench import code_provenance
+    from ..provenance import code_provenance
     from ..drafters import load_drafter
     from ..targets import load_target
     from .server import ServerThread, create_app

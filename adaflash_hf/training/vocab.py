@@ -154,8 +154,7 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     if write_datastore:
         save_datastore(responses, out / DATASTORE_FILE)
     if retention:
-        from ..drafters import RETENTION_FILE
-        from ..online.trajectories import save_retention_samples
+        from ..drafters import RETENTION_FILE, save_retention_samples
 
         save_retention_samples(retention, out / RETENTION_FILE)
         print(f"wrote {len(retention)} retention samples (prompts with their responses, for OPD's check) to {out / RETENTION_FILE}")
