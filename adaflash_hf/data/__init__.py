@@ -2,8 +2,11 @@
 
 :mod:`adaflash_hf.data.corpora` fetches and parses the offline corpora; :mod:`adaflash_hf.data.prompts`
 turns them into per-domain prompt sets and text chunks with fixed train/eval splits, and validates
-user prompt sets into the same schema.
+user prompt sets into the same schema; :mod:`adaflash_hf.data.instruct_prompts` writes and loads the shipped
+general assistant requests (``instruct_prompts.jsonl``).
 """
+
+from .instruct_prompts import INSTRUCT_PROMPTS_FILE, load_instruct_prompts
 
 from .prompts import (
     DEFAULT_TRAIN_DOMAINS,
@@ -28,12 +31,14 @@ __all__ = [
     "EVAL_FRACTION",
     "EVAL_PROMPTS_PER_DOMAIN",
     "HELD_OUT_DOMAINS",
+    "INSTRUCT_PROMPTS_FILE",
     "PROMPT_FEATURES",
     "TEXT_FEATURES",
     "as_prompt_dataset",
     "document_split",
     "gsm8k_prompt",
     "humaneval_prompt",
+    "load_instruct_prompts",
     "load_prompts",
     "load_prompts_jsonl",
     "load_text_corpus",

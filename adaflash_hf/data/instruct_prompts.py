@@ -1,6 +1,7 @@
-"""Write data/instruct_prompts.jsonl: general assistant requests for the datastore of a chat target.
+"""General assistant requests for the datastore of a chat target, shipped as ``instruct_prompts.jsonl`` beside this file.
 
-    python data/instruct_prompts.py [--count 2000] [--seed 0]
+    python -m adaflash_hf.data.instruct_prompts [--count 2000] [--seed 0]   # rewrites the shipped file
+    load_instruct_prompts()   # the shipped requests as a prompt dataset ({prompt, domain="instruct"})
 
 The training prompts of code, math and chat (`adaflash_hf.data.load_prompts`) hold only about 70 chat
 requests (MT-Bench's train split), so a datastore of the target's own answers to them knows its code and
@@ -16,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
+INSTRUCT_PROMPTS_FILE = Path(__file__).with_name("instruct_prompts.jsonl")
 
 SUBJECTS = (
     "remote work", "renewable energy", "public libraries", "electric cars", "urban gardening", "social media",
@@ -114,7 +119,7 @@ TEMPLATES = {
 
 def wiki_material(seed: int) -> tuple[list[str], list[str]]:
     """Titles and passages of the Wikipedia articles in the training split (never the eval documents)."""
-    from adaflash_hf.data import load_prompts
+    from .prompts import load_prompts
 
     rows = load_prompts("wiki", split="train", seed=seed)
     titles = sorted({row["prompt"].split('"')[1] for row in rows if '"' in row["prompt"].split("\n")[0]})
@@ -139,15 +144,24 @@ def build(count: int, seed: int) -> list[dict]:
     return [{"prompt": prompt, "domain": "instruct"} for prompt in dict.fromkeys(pool)][:count]
 
 
+def load_instruct_prompts():
+    """The shipped requests (:data:`INSTRUCT_PROMPTS_FILE`) as a prompt dataset, as ``load_prompts_jsonl`` reads them;
+    ``adaflash generate-data --prompts`` takes the same file by path."""
+    from .prompts import load_prompts_jsonl
+
+    return load_prompts_jsonl(INSTRUCT_PROMPTS_FILE)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=str(Path(__file__).with_name("instruct_prompts.jsonl")))
+    parser.add_argument("--output", default=str(INSTRUCT_PROMPTS_FILE))
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows = build(args.count, args.seed)
     Path(args.output).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    print(f"{len(rows)} prompts -> {args.output}")
+    logger.info("%d prompts -> %s", len(rows), args.output)
 
 
 if __name__ == "__main__":
