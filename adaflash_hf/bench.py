@@ -111,8 +111,8 @@ class BenchArgs:
                                     dtype=self.dtype, num_threads=self.num_threads, json=self.json, plot=self.plot)
 
     def quality_args(self):
-        """The :class:`~adaflash_hf.quality.QualityArgs` for ``--quality``."""
-        from .quality import QualityArgs
+        """The :class:`~adaflash_hf.quality.command.QualityArgs` for ``--quality``."""
+        from .quality.command import QualityArgs
 
         return QualityArgs(target=self.target, drafter=self.drafter, problems=self.quality_problems,
                            max_new_tokens=self.quality_max_new_tokens, dtype=self.dtype, num_threads=self.num_threads,
@@ -159,7 +159,7 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 def run_bench(args: BenchArgs) -> int:
     if args.quality:
-        from .quality import run_quality
+        from .quality.command import run_quality
 
         return run_quality(args.quality_args(), command=command_line("bench", args))
     if args.concurrency:

@@ -147,7 +147,7 @@ def build(count: int, seed: int) -> list[dict]:
 def load_instruct_prompts():
     """The shipped requests (:data:`INSTRUCT_PROMPTS_FILE`) as a prompt dataset, as ``load_prompts_jsonl`` reads them;
     ``adaflash generate-data --prompts`` takes the same file by path."""
-    from .prompts import load_prompts_jsonl
+    from .user_prompts import load_prompts_jsonl
 
     return load_prompts_jsonl(INSTRUCT_PROMPTS_FILE)
 

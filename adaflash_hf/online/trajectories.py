@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.prompts import spread_evenly
+from ..data.excerpts import spread_evenly
 from ..drafters import load_retention_samples
 
 

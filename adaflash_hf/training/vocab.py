@@ -90,7 +90,7 @@ def pick_retention_samples(sequences, count: int = 48, max_prompt_tokens: int = 
                            min_response_tokens: int = 16) -> list[tuple[list[int], int]]:
     """``count`` (prompt + response cut to ``max_response_tokens``, prompt length) samples spread evenly over
     cached training sequences (``TrainingSequence``: input_ids, start), for OPD's retention check."""
-    from ..data.prompts import spread_evenly
+    from ..data.excerpts import spread_evenly
 
     usable = [s for s in sequences if s.start <= max_prompt_tokens and len(s.input_ids) - s.start >= min_response_tokens]
     return [(s.input_ids[: s.start + max_response_tokens].tolist(), int(s.start)) for s in spread_evenly(usable, count)]

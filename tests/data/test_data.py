@@ -18,24 +18,22 @@ from pathlib import Path
 import pytest
 from datasets import Dataset, DatasetDict
 
-from adaflash_hf.data import corpora, prompts
+from adaflash_hf.data import corpora, prompts, rdata
+from adaflash_hf.data.excerpts import split_passages
+from adaflash_hf.data.markup import split_chapters, wiki_to_text
 from adaflash_hf.data.prompts import (
     DEFAULT_TRAIN_DOMAINS,
     DOMAINS,
     EVAL_FRACTION,
     EVAL_PROMPTS_PER_DOMAIN,
     HELD_OUT_DOMAINS,
-    PROMPT_FEATURES,
-    TEXT_FEATURES,
-    as_prompt_dataset,
     document_split,
     gsm8k_prompt,
     humaneval_prompt,
     load_prompts,
-    load_prompts_jsonl,
     load_text_corpus,
-    split_passages,
 )
+from adaflash_hf.data.user_prompts import PROMPT_FEATURES, TEXT_FEATURES, as_prompt_dataset, load_prompts_jsonl
 
 # ---------------------------------------------------------------------------------------------
 # Split rule
@@ -168,7 +166,7 @@ def test_wiki_to_text_strips_markup() -> None:
         "Never shown.\n"
         "[[Category:Mammals]]\n"
     )
-    text = corpora.wiki_to_text(markup)
+    text = wiki_to_text(markup)
     assert text == (
         "Aardvark is a mammal native to the African continent. It weighs <10 kg.\n\n"
         "Habitat\n\n"
@@ -182,7 +180,7 @@ def test_split_chapters_drops_front_matter_and_joins_lines() -> None:
         "A NOVEL", "", "VOLUME I", "", "CHAPTER I", "", "It was a _fine_ day,", "said she.", "",
         "Second paragraph.", "", "Chapter 2", "", "More text.", "", "THE END", "", "Editorial note.",
     ]
-    assert corpora.split_chapters(lines) == [
+    assert split_chapters(lines) == [
         "It was a fine day, said she.\n\nSecond paragraph.",
         "More text.",
     ]
@@ -273,12 +271,12 @@ def test_read_rds_vectors_factors_and_data_frames() -> None:
             ("row.names", _ints([-(2**31), -2])),
         ],
     )
-    assert corpora.read_rds(gzip.compress(_serialize(frame))) == {"word": ["a", None], "n": [1, None], "score": [0.5, 2.0]}
-    assert corpora.read_rds(_serialize(factor)) == ["x", "y", "x"]
+    assert rdata.read_rds(gzip.compress(_serialize(frame))) == {"word": ["a", None], "n": [1, None], "score": [0.5, 2.0]}
+    assert rdata.read_rds(_serialize(factor)) == ["x", "y", "x"]
     latin = _vec(16, _char("caf\xe9", latin1=True), 1)
-    assert corpora.read_rds(lzma.compress(_serialize(latin))) == ["caf\xe9"]
+    assert rdata.read_rds(lzma.compress(_serialize(latin))) == ["caf\xe9"]
     with pytest.raises(ValueError, match="Not an R XDR"):
-        corpora.read_rds(b"RDX2\n")
+        rdata.read_rds(b"RDX2\n")
 
 
 @pytest.mark.parametrize("compression", [1, 3])
@@ -298,7 +296,7 @@ def test_read_lazyload_db(tmp_path: Path, compression: int) -> None:
     )
     (tmp_path / "Rdata.rdx").write_bytes(gzip.compress(_serialize(index)))
     (tmp_path / "Rdata.rdb").write_bytes(blobs)
-    db = corpora.read_lazyload_db(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb")
+    db = rdata.read_lazyload_db(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb")
     assert db == {"novel": ["line one", "", "line two"], "n": [7]}
 
 

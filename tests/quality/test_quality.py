@@ -14,23 +14,20 @@ from adaflash_hf.bench import BenchArgs
 from adaflash_hf.cli import main
 from adaflash_hf.data import corpora
 from adaflash_hf.data.prompts import document_split
-from adaflash_hf.quality import (
-    METHODS,
+from adaflash_hf.quality.command import METHODS, summarise
+from adaflash_hf.quality.problems import (
     Problem,
     boxed_content,
     extract_answer,
     extract_code,
     humaneval_program,
     load_problems,
-    mcnemar_exact_p,
     normalise_number,
-    paired_difference_interval,
     reference_answer,
-    run_program,
     score,
-    summarise,
-    wilson_interval,
 )
+from adaflash_hf.quality.sandbox import run_program
+from adaflash_hf.quality.stats import mcnemar_exact_p, paired_difference_interval, wilson_interval
 
 from conftest import tiny_target
 
