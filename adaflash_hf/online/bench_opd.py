@@ -107,12 +107,12 @@ def _live_prompts(args: BenchOPDArgs, exclude: set[str]) -> list[str]:
 def run_bench_opd(args: BenchOPDArgs) -> int:
     import torch
 
-    from ..provenance import code_provenance
     from ..cli_args import encode_prompt
     from ..decoding.engine import generate
     from ..decoding.policy import FixedVerifyLength
     from ..decoding.proposers import DraftingConfig, DraftingState
     from ..drafters import load_drafter
+    from ..provenance import code_provenance
     from ..targets import load_target
     from .opd import AdaFlashOPD
 

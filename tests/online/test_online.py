@@ -32,7 +32,7 @@ from adaflash_hf.online import (
     save_retention_samples,
     teacher_forced_trajectory,
 )
-from adaflash_hf.online import opd as opd_module
+from adaflash_hf.online import distiller as distiller_module
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
 from adaflash_hf.online.soak import rss_mb
 from adaflash_hf.training.length_head import AlwaysDraftState
@@ -507,7 +507,7 @@ def test_the_trainer_hands_freed_heap_back_after_each_check(pair, monkeypatch):
     soak's resident memory grew 1 GB in 1,000 requests before this)."""
     target, drafter = pair
     calls = []
-    monkeypatch.setattr(opd_module, "release_freed_heap", lambda: calls.append(1))
+    monkeypatch.setattr(distiller_module, "release_freed_heap", lambda: calls.append(1))
     opd = _opd(target, drafter, steps_per_version=2, worker="inline", retention_trajectories=0, rehearsal_trajectories=0)
     _serve(target, drafter, opd, 2)
     for _ in range(4):
