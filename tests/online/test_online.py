@@ -35,7 +35,7 @@ from adaflash_hf.online import (
 from adaflash_hf.online import distiller as distiller_module
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
 from adaflash_hf.online.soak import rss_mb
-from adaflash_hf.training.length_head import AlwaysDraftState
+from adaflash_hf.training.length_head_records import AlwaysDraftState
 from adaflash_hf.training.losses import clipped_reverse_kl, opd_topk_loss, topk_reverse_kl
 
 from conftest import greedy_reference, left_pad, random_prompts, tiny_target

@@ -15,17 +15,10 @@ from adaflash_hf.configuration_length_head import AdaFlashLengthHeadConfig
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.policy import FixedVerifyLength, GoodputVerifyLength, LengthHeadVerifyLength
 from adaflash_hf.modeling_length_head import AdaFlashLengthHead, register
-from adaflash_hf.training.length_head import (
-    AlwaysDraftState,
-    RecordingVerifyLength,
-    TrainLengthHeadConfig,
-    calibration,
-    expected_accepted,
-    load_length_head,
-    survival_loss,
-    survival_targets,
-    train_length_head,
-)
+from adaflash_hf.training.configs import TrainLengthHeadConfig
+from adaflash_hf.training.length_head import load_length_head, train_length_head
+from adaflash_hf.training.length_head_fit import calibration, expected_accepted, survival_loss, survival_targets
+from adaflash_hf.training.length_head_records import AlwaysDraftState, RecordingVerifyLength
 
 from conftest import greedy_reference, left_pad, random_prompts
 
