@@ -31,9 +31,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .cli_args import (
+    DTYPES,
+    check_choice,
+    command_line,
+    domains_field,
+    drafter_field,
+    dtype_field,
+    encode_prompt,
+    eval_prompts_field,
+    json_field,
+    num_threads_field,
+    target_field,
+)
 from .provenance import code_provenance
-from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
-from .targets import DEFAULT_TARGET, PRESETS
+from .targets import DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
@@ -46,19 +58,19 @@ ASSISTANT_FOR = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 
 @dataclass
 class BenchArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), folder or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), 'fresh', a folder or a Hub id."})
-    prompts: str = field(default="eval", metadata={"help": "'eval' (held-out preset prompts) or a JSONL file of {prompt, domain}."})
-    domains: str = field(default="code,math,chat,news", metadata={"help": "Comma-separated domains of the preset eval set."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
+    prompts: str = eval_prompts_field()
+    domains: str = domains_field("code,math,chat,news")
     num_prompts: int = field(default=4, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
     methods: str = field(default="target,adaflash,prompt-lookup,dflash-builtin",
                          metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
     assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
     verify_len: int | None = field(default=None, metadata={"help": "adaflash methods: tokens verified per round (anchor + drafts), at most the longest proposal; default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice); recorded in the JSON."})
+    num_threads: int | None = num_threads_field("; recorded in the JSON")
     dtype: str = dtype_field()
-    json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
+    json: str = json_field("bench.json")
     plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
     concurrency: str = field(default="", metadata={"help": "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash (default: plain,adaflash@16,adaflash@4,adaflash)."})
     requests: int = field(default=0, metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 16)."})

@@ -20,8 +20,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .cli_args import DTYPES, add_dataclass_arguments, check_choice, dataclass_from_args, dtype_field, encode_prompt
-from .targets import DEFAULT_TARGET, PRESETS
+from .cli_args import (
+    DTYPES,
+    add_dataclass_arguments,
+    check_choice,
+    dataclass_from_args,
+    drafter_field,
+    dtype_field,
+    encode_prompt,
+    seed_field,
+    target_field,
+)
+from .targets import DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
@@ -102,15 +112,15 @@ def available_commands() -> dict[str, Command]:
 class GenerateArgs:
     prompt: str = field(default="Write a Python function that checks whether a number is prime.",
                         metadata={"help": "User message (the chat template is applied when the tokenizer has one)."})
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
     max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
     dtype: str = dtype_field()
     verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts), at most the longest proposal; default: chosen per round for the most expected tokens per second."})
     sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
     tree_nodes: int | None = field(default=None, metadata={"help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single best candidate; default: the library's (DraftingConfig.tree_nodes)."})
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
-    seed: int = field(default=0, metadata={"help": "Seed for sampling."})
+    seed: int = seed_field("sampling")
     compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
     raw: bool = field(default=False, metadata={"help": "Use the prompt as raw text, without the chat template."})
 

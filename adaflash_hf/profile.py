@@ -19,8 +19,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
-from .targets import DEFAULT_TARGET, PRESETS
+from .cli_args import (
+    DTYPES,
+    check_choice,
+    command_line,
+    domains_field,
+    drafter_field,
+    dtype_field,
+    encode_prompt,
+    eval_prompts_field,
+    json_field,
+    num_threads_field,
+    target_field,
+)
+from .targets import DEFAULT_TARGET
 
 if TYPE_CHECKING:
     import torch
@@ -28,15 +40,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class ProfileArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), folder or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), a folder or a Hub id."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
     dtype: str = dtype_field()
-    prompts: str = field(default="eval", metadata={"help": "'eval' (held-out preset prompts) or a JSONL file of {prompt, domain}."})
-    domains: str = field(default="code,math,chat", metadata={"help": "Comma-separated domains of the preset eval set."})
+    prompts: str = eval_prompts_field()
+    domains: str = domains_field("code,math,chat")
     num_prompts: int = field(default=2, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
     max_new_tokens: int = field(default=96, metadata={"help": "New tokens per prompt."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
-    json: str = field(default="profile.json", metadata={"help": "Where to write the JSON results."})
+    num_threads: int | None = num_threads_field()
+    json: str = json_field("profile.json")
 
     def __post_init__(self):
         if self.num_prompts < 1:
@@ -79,8 +91,8 @@ def run_profile(args: ProfileArgs) -> int:
 
     from . import DraftingConfig, DraftingState, FixedVerifyLength, generate, load_target
     from .bench import load_bench_prompts
-    from .provenance import code_provenance
     from .drafters import load_drafter
+    from .provenance import code_provenance
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)

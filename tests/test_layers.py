@@ -4,9 +4,10 @@ Built from the source (``ast``), so it sees every import, module-level or inside
 anything. Layers, lowest first (a module may import from its own layer and those below):
 
 0. foundation: the package root, ``_compat``, ``_pypi``, ``heap``, ``kernels``, ``prompting``, ``provenance``,
-   ``cli_args``, ``checks``, the drafter and length-head configuration/modeling files, ``dflash_format``, ``data``;
+   ``checks``, the drafter and length-head configuration/modeling files, ``dflash_format``, ``data``;
 1. ``decoding``: the speculative-decoding engine;
-2. models and cards: ``targets``, ``drafters``, ``integration``, ``model_card``;
+2. models, cards and command-line fields: ``targets``, ``drafters``, ``integration``, ``model_card``, ``cli_args``
+   (whose target field names the presets);
 3. ``training``: offline drafter and length-head training;
 4. evaluation: ``quality``;
 5. ``serving``: the continuous-batching server and its load test;
@@ -27,11 +28,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "adaflash_hf"
 LAYERS = (
     ("adaflash_hf", "adaflash_hf._compat", "adaflash_hf._pypi", "adaflash_hf.heap", "adaflash_hf.kernels",
-     "adaflash_hf.prompting", "adaflash_hf.provenance", "adaflash_hf.cli_args", "adaflash_hf.checks",
+     "adaflash_hf.prompting", "adaflash_hf.provenance", "adaflash_hf.checks",
      "adaflash_hf.configuration_adaflash", "adaflash_hf.modeling_adaflash", "adaflash_hf.configuration_length_head",
      "adaflash_hf.modeling_length_head", "adaflash_hf.dflash_format", "adaflash_hf.data"),
     ("adaflash_hf.decoding",),
-    ("adaflash_hf.targets", "adaflash_hf.drafters", "adaflash_hf.integration", "adaflash_hf.model_card"),
+    ("adaflash_hf.targets", "adaflash_hf.drafters", "adaflash_hf.integration", "adaflash_hf.model_card",
+     "adaflash_hf.cli_args"),
     ("adaflash_hf.training",),
     ("adaflash_hf.quality",),
     ("adaflash_hf.serving",),

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..cli_args import dtype_field
+from ..cli_args import DRAFTER_HELP, drafter_field, dtype_field, num_threads_field, seed_field, target_field
 from .configs import OPDConfig
 
 logger = logging.getLogger(__name__)
@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 class BenchOPDArgs:
     """Options of ``adaflash bench-opd``."""
 
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "Drafter to adapt ('auto': the bundled one)."})
+    target: str = target_field("smollm2-135m")
+    drafter: str = drafter_field(help_text=f"Drafter to adapt: {DRAFTER_HELP}")
     dtype: str = dtype_field()
     shift_domain: str = field(default="fiction", metadata={"help": "Domain the drafter never trained on; the live stream comes from its train split."})
     trained_domains: str = field(default="code,math,chat", metadata={"help": "Domains the drafter was trained on (τ must not drop there)."})
@@ -50,9 +50,9 @@ class BenchOPDArgs:
     worker: str = field(default=OPDConfig.worker, metadata={"help": "Where OPD trains: auto, inline (the engine's thread, between rounds) or thread."})
     replay: int = field(default=OPDConfig.replay_trajectories, metadata={"help": "Trained trajectories the idle trainer revisits (0: each is trained on once)."})
     rehearsal: int = field(default=OPDConfig.rehearsal_trajectories, metadata={"help": "Trajectories of the drafter's training domains (its datastore) mixed into every OPD batch, against forgetting them."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch threads for serving (default: torch's)."})
+    num_threads: int | None = num_threads_field(" for serving")
     output: str = field(default="results/bench_opd.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the live stream order and of OPD."})
+    seed: int = seed_field("the live stream order and of OPD")
 
     def __post_init__(self) -> None:
         from ..data.prompts import DOMAINS

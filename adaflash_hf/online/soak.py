@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cli_args import dtype_field
+from ..cli_args import drafter_field, dtype_field, target_field
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ FAULTS = ("kill", "nan", "corrupt", "full")
 class SoakArgs:
     """Options of ``adaflash soak-opd``."""
 
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "Drafter ('auto': the bundled one)."})
+    target: str = target_field("smollm2-135m")
+    drafter: str = drafter_field()
     dtype: str = dtype_field("the target and drafter (fp32: outputs are compared bit for bit)", default="fp32")
     requests: int = field(default=1000, metadata={"help": "Requests in the soak."})
     concurrency: int = field(default=8, metadata={"help": "Requests in flight at once."})

@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cli_args import DTYPES, check_choice, dtype_field
+from ..cli_args import DTYPES, check_choice, drafter_field, dtype_field, json_field, num_threads_field, target_field
 from ..targets import DEFAULT_TARGET
 from .problems import METRIC_OF, TASKS, Problem, load_problems, score
 from .stats import mcnemar_exact_p, paired_difference_interval, wilson_interval
@@ -25,15 +25,15 @@ METHODS = ("target", "adaflash")
 
 @dataclass
 class QualityArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": "Preset, folder or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), 'fresh', a folder or a Hub id."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
     problems: int = field(default=40, metadata={"help": "Problems per task: held-out eval prompts first (40 GSM8K, 30 HumanEval), then the rest of the benchmark (see load_problems)."})
     max_new_tokens: int = field(default=512, metadata={"help": "New tokens per answer; a cut-off answer is scored as it stands."})
     batch_size: int = field(default=8, metadata={"help": "Problems decoded together (both methods see the same batches)."})
     timeout_s: float = field(default=10.0, metadata={"help": "Wall-clock limit of one HumanEval program, in seconds."})
     dtype: str = dtype_field()
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
-    json: str = field(default="quality.json", metadata={"help": "Where to write the summary and per-problem records."})
+    num_threads: int | None = num_threads_field()
+    json: str = json_field("quality.json", "the summary and per-problem records")
 
     def __post_init__(self):
         if self.problems < 1 or self.max_new_tokens < 1 or self.batch_size < 1:

@@ -126,7 +126,7 @@ def _restore_estimator(state: DraftingState, counts: list) -> None:
         state.estimator.seen[(source, tuple(feature))] = seen
 
 
-def drafterdrafter_fingerprint(drafter: PreTrainedModel) -> str:
+def drafter_fingerprint(drafter: PreTrainedModel) -> str:
     """Identifies the drafter's weights cheaply (its context projection), so a new drafter gets new records."""
     return hashlib.sha256(drafter.fc.weight.detach().float().cpu().numpy().tobytes()).hexdigest()[:16]
 
