@@ -49,10 +49,26 @@ from .targets import DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("target", "target-stock", "adaflash", "adaflash-chain", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
-           "prompt-lookup", "assisted", "dflash-builtin")
+METHODS = (
+    "target",
+    "target-stock",
+    "adaflash",
+    "adaflash-chain",
+    "adaflash-drafter",
+    "adaflash-suffix",
+    "adaflash-global",
+    "adaflash-datastore",
+    "prompt-lookup",
+    "assisted",
+    "dflash-builtin",
+)
 POSITIONS = 16  # draft positions whose acceptance is recorded (covers the block and suffix matches)
-SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global", "adaflash-datastore": "datastore"}
+SOURCE_OF = {
+    "adaflash-drafter": "drafter",
+    "adaflash-suffix": "suffix",
+    "adaflash-global": "global",
+    "adaflash-datastore": "datastore",
+}
 ASSISTANT_FOR = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 
 
@@ -63,21 +79,79 @@ class BenchArgs:
     prompts: str = eval_prompts_field()
     domains: str = domains_field("code,math,chat,news")
     num_prompts: int = field(default=4, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
-    methods: str = field(default="target,adaflash,prompt-lookup,dflash-builtin",
-                         metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
-    assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
+    methods: str = field(
+        default="target,adaflash,prompt-lookup,dflash-builtin",
+        metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."},
+    )
+    assistant: str = field(
+        default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."}
+    )
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
-    verify_len: int | None = field(default=None, metadata={"help": "adaflash methods: tokens verified per round (anchor + drafts), at most the longest proposal; default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
+    verify_len: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "adaflash methods: tokens verified per round (anchor + drafts), at most the longest proposal; "
+                "default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths "
+                "side by side."
+            )
+        },
+    )
     num_threads: int | None = num_threads_field("; recorded in the JSON")
     dtype: str = dtype_field()
     json: str = json_field("bench.json")
-    plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
-    concurrency: str = field(default="", metadata={"help": "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash (default: plain,adaflash@16,adaflash@4,adaflash)."})
-    requests: int = field(default=0, metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 16)."})
-    repeats: int = field(default=1, metadata={"help": "With --concurrency: measured passes per method and level, the methods interleaved in each (throughput: all passes' tokens over their time; latencies pooled)."})
-    quality: bool = field(default=False, metadata={"help": "Task results instead of speed: GSM8K exact match and HumanEval pass@1 of the target decoded plainly and with AdaFlash (greedy, same held-out problems and batches), with token-identical outputs and a paired McNemar test, to show that bf16 near-ties leave results unchanged. Uses --target, --drafter, --dtype, --num-threads and --json."})
-    quality_problems: int = field(default=40, metadata={"help": "With --quality: held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."})
-    quality_max_new_tokens: int = field(default=512, metadata={"help": "With --quality: new tokens per answer (reasoning and code need more than --max-new-tokens)."})
+    plot: str = field(
+        default="bench.png",
+        metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."},
+    )
+    concurrency: str = field(
+        default="",
+        metadata={
+            "help": (
+                "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a "
+                "throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash "
+                "(default: plain,adaflash@16,adaflash@4,adaflash)."
+            )
+        },
+    )
+    requests: int = field(
+        default=0,
+        metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 16)."},
+    )
+    repeats: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "With --concurrency: measured passes per method and level, the methods interleaved in each "
+                "(throughput: all passes' tokens over their time; latencies pooled)."
+            )
+        },
+    )
+    quality: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Task results instead of speed: GSM8K exact match and HumanEval pass@1 of the target decoded "
+                "plainly and with AdaFlash (greedy, same held-out problems and batches), with token-identical "
+                "outputs and a paired McNemar test, to show that bf16 near-ties leave results unchanged. Uses "
+                "--target, --drafter, --dtype, --num-threads and --json."
+            )
+        },
+    )
+    quality_problems: int = field(
+        default=40,
+        metadata={
+            "help": (
+                "With --quality: held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."
+            )
+        },
+    )
+    quality_max_new_tokens: int = field(
+        default=512,
+        metadata={
+            "help": "With --quality: new tokens per answer (reasoning and code need more than --max-new-tokens)."
+        },
+    )
 
     def __post_init__(self):
         if self.quality:
@@ -109,26 +183,45 @@ class BenchArgs:
             raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (the anchor plus any drafts), or unset.")
         check_choice("--dtype", self.dtype, DTYPES)
         if self.prompts != "eval" and not Path(self.prompts).is_file():
-            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
-                                    "or a JSONL file of {prompt, domain} lines.")
+            raise FileNotFoundError(
+                f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                "or a JSONL file of {prompt, domain} lines."
+            )
 
     def serving_args(self):
         """The :class:`~adaflash_hf.serving.loadtest.ConcurrencyBenchArgs` for ``--concurrency``."""
         from .serving.loadtest import ConcurrencyBenchArgs
 
         methods = self.methods if self.methods != BenchArgs.methods else ConcurrencyBenchArgs.methods
-        return ConcurrencyBenchArgs(target=self.target, drafter=self.drafter, concurrency=self.concurrency, methods=methods,
-                                    requests=self.requests, repeats=self.repeats, prompts=self.prompts,
-                                    max_new_tokens=self.max_new_tokens, domains=self.domains,
-                                    dtype=self.dtype, num_threads=self.num_threads, json=self.json, plot=self.plot)
+        return ConcurrencyBenchArgs(
+            target=self.target,
+            drafter=self.drafter,
+            concurrency=self.concurrency,
+            methods=methods,
+            requests=self.requests,
+            repeats=self.repeats,
+            prompts=self.prompts,
+            max_new_tokens=self.max_new_tokens,
+            domains=self.domains,
+            dtype=self.dtype,
+            num_threads=self.num_threads,
+            json=self.json,
+            plot=self.plot,
+        )
 
     def quality_args(self):
         """The :class:`~adaflash_hf.quality.command.QualityArgs` for ``--quality``."""
         from .quality.command import QualityArgs
 
-        return QualityArgs(target=self.target, drafter=self.drafter, problems=self.quality_problems,
-                           max_new_tokens=self.quality_max_new_tokens, dtype=self.dtype, num_threads=self.num_threads,
-                           json=self.json)
+        return QualityArgs(
+            target=self.target,
+            drafter=self.drafter,
+            problems=self.quality_problems,
+            max_new_tokens=self.quality_max_new_tokens,
+            dtype=self.dtype,
+            num_threads=self.num_threads,
+            json=self.json,
+        )
 
     @property
     def method_list(self) -> list[str]:
@@ -156,7 +249,9 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
     try:
         import datasets  # noqa: F401
     except ImportError as error:
-        raise ImportError("adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'") from error
+        raise ImportError(
+            "adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'"
+        ) from error
     if args.prompts == "eval":
         from .data import load_prompts
 
@@ -204,7 +299,9 @@ def run_bench(args: BenchArgs) -> int:
     if "assisted" in bases:
         name = ASSISTANT_FOR.get(args.target) if args.assistant == "auto" else args.assistant
         if name is None:
-            raise ValueError(f"no default draft model for {args.target}; pass --assistant or drop 'assisted' from --methods.")
+            raise ValueError(
+                f"no default draft model for {args.target}; pass --assistant or drop 'assisted' from --methods."
+            )
         assistant, _ = load_target(name, dtype=args.dtype)
     # Each adaflash method learns across prompts (acceptance rates, verify cost, the global index of
     # earlier requests) in its own state, so no method sees another's outputs.
@@ -212,8 +309,13 @@ def run_bench(args: BenchArgs) -> int:
     draftings, policies = {}, {}
     for m in states:
         base, _, verify_arg = m.partition("@")
-        draftings[m] = (DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF
-                        else DraftingConfig(tree_nodes=0) if base == "adaflash-chain" else DraftingConfig())
+        draftings[m] = (
+            DraftingConfig.only(SOURCE_OF[base])
+            if base in SOURCE_OF
+            else DraftingConfig(tree_nodes=0)
+            if base == "adaflash-chain"
+            else DraftingConfig()
+        )
         verify_len = int(verify_arg) if verify_arg else args.verify_len
         if verify_len:
             check_verify_len(verify_len, drafter, draftings[m])
@@ -232,21 +334,36 @@ def run_bench(args: BenchArgs) -> int:
             with stock_linear(target):
                 return target.generate(ids, attention_mask=mask, **common)[0], None
         if method.startswith("adaflash"):
-            out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
-                           verify_policy=policies[method], drafting=draftings[method], drafting_state=states[method])
+            out = generate(
+                target,
+                drafter,
+                ids,
+                mask,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                verify_policy=policies[method],
+                drafting=draftings[method],
+                drafting_state=states[method],
+            )
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
         if method == "prompt-lookup":
             return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None
         if method == "assisted":
             return target.generate(ids, attention_mask=mask, assistant_model=assistant, **common)[0], None
-        return target.generate(ids, attention_mask=mask, assistant_model=drafter, speculation_type="dflash", **common)[0], None
+        return target.generate(ids, attention_mask=mask, assistant_model=drafter, speculation_type="dflash", **common)[
+            0
+        ], None
 
     warm = encode_prompt(tokenizer, "Hello!")
     for method in methods:  # warm-up: first calls pay one-off costs
         run(method, warm)
 
     records = []
-    print(f"[bench] {len(prompts)} prompts x {len(methods)} methods, {args.max_new_tokens} new tokens, {target.dtype}", file=sys.stderr)
+    print(
+        f"[bench] {len(prompts)} prompts x {len(methods)} methods, {args.max_new_tokens} new tokens, {target.dtype}",
+        file=sys.stderr,
+    )
     for i, item in enumerate(prompts):
         ids = encode_prompt(tokenizer, item["prompt"]).to(target.device)
         reference = None
@@ -257,21 +374,42 @@ def run_bench(args: BenchArgs) -> int:
                 sequence, stats = run(method, ids)
             seconds = time.perf_counter() - start
             counter.close()
-            new = sequence[ids.shape[1]:].tolist()
+            new = sequence[ids.shape[1] :].tolist()
             if method == "target":
                 reference = new
-            records.append(dict(method=method, domain=item["domain"], prompt=i, new_tokens=len(new), seconds=seconds,
-                                forwards=counter.calls, drafts=counter.drafts, same=new == reference,
-                                positions=stats.position_counts(POSITIONS) if stats else None,
-                                sources=stats.source_counts() if stats else None))
+            records.append(
+                dict(
+                    method=method,
+                    domain=item["domain"],
+                    prompt=i,
+                    new_tokens=len(new),
+                    seconds=seconds,
+                    forwards=counter.calls,
+                    drafts=counter.drafts,
+                    same=new == reference,
+                    positions=stats.position_counts(POSITIONS) if stats else None,
+                    sources=stats.source_counts() if stats else None,
+                )
+            )
         done = [r for r in records if r["prompt"] == i]
-        print(f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
-              + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done), file=sys.stderr)
+        print(
+            f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
+            + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done),
+            file=sys.stderr,
+        )
 
     results = summarise(records, methods)
     print_table(results)
-    payload = {"command": command_line("bench", args), "args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
-               "torch_threads": torch.get_num_threads(), "code": code_provenance(), "results": results, "records": records}
+    payload = {
+        "command": command_line("bench", args),
+        "args": asdict(args),
+        "device": str(target.device),
+        "dtype": str(target.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "code": code_provenance(),
+        "results": results,
+        "records": records,
+    }
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot:
@@ -296,13 +434,21 @@ def summarise(records: list[dict], methods: list[str]) -> list[dict]:
             accepted = tokens - forwards
             tps = tokens / seconds
             acceptance = pooled_position_acceptance(group)
-            results.append(dict(
-                method=method, domain=domain, num_prompts=len(group), new_tokens=tokens,
-                tokens_per_second=round(tps, 3), mean_accepted_length=round(tokens / forwards, 3),
-                accept_rate=round(max(accepted, 0) / drafts, 4) if drafts else None,
-                speedup=round(tps / base_tps, 3), same_as_target=round(sum(r["same"] for r in group) / len(group), 3),
-                position_acceptance=acceptance, sources=pooled_sources(group),
-            ))
+            results.append(
+                dict(
+                    method=method,
+                    domain=domain,
+                    num_prompts=len(group),
+                    new_tokens=tokens,
+                    tokens_per_second=round(tps, 3),
+                    mean_accepted_length=round(tokens / forwards, 3),
+                    accept_rate=round(max(accepted, 0) / drafts, 4) if drafts else None,
+                    speedup=round(tps / base_tps, 3),
+                    same_as_target=round(sum(r["same"] for r in group) / len(group), 3),
+                    position_acceptance=acceptance,
+                    sources=pooled_sources(group),
+                )
+            )
     return results
 
 
@@ -317,8 +463,10 @@ def pooled_sources(records: list[dict]) -> dict[str, dict] | None:
     if not counts:
         return None
     all_rounds = sum(n for n, _ in counts.values())
-    return {source: {"round_fraction": round(n / all_rounds, 4), "accepted_per_round": round(a / n, 3)}
-            for source, (n, a) in sorted(counts.items())}
+    return {
+        source: {"round_fraction": round(n / all_rounds, 4), "accepted_per_round": round(a / n, 3)}
+        for source, (n, a) in sorted(counts.items())
+    }
 
 
 def pooled_position_acceptance(records: list[dict]) -> list[float | None] | None:
@@ -332,15 +480,24 @@ def pooled_position_acceptance(records: list[dict]) -> list[float | None] | None
 
 
 def print_table(results: list[dict]) -> None:
-    header = (f"{'domain':<8} {'method':<18} {'prompts':>7} {'tokens':>7} {'tok/s':>7} {'tau':>6} {'accept':>7} {'speedup':>8} {'same':>5}"
-              "  sources (share of rounds / drafts accepted per round)")
+    header = (
+        f"{'domain':<8} {'method':<18} {'prompts':>7} {'tokens':>7} {'tok/s':>7} {'tau':>6} {'accept':>7} "
+        f"{'speedup':>8} {'same':>5}"
+        "  sources (share of rounds / drafts accepted per round)"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         accept = "-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}"
-        sources = " ".join(f"{k}:{v['round_fraction']:.0%}/{v['accepted_per_round']:.2f}" for k, v in (r.get("sources") or {}).items())
-        print(f"{r['domain']:<8} {r['method']:<18} {r['num_prompts']:>7} {r['new_tokens']:>7} {r['tokens_per_second']:>7.2f} "
-              f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}  {sources}")
+        sources = " ".join(
+            f"{k}:{v['round_fraction']:.0%}/{v['accepted_per_round']:.2f}" for k, v in (r.get("sources") or {}).items()
+        )
+        print(
+            f"{r['domain']:<8} {r['method']:<18} {r['num_prompts']:>7} {r['new_tokens']:>7} "
+            f"{r['tokens_per_second']:>7.2f} "
+            f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}  "
+            f"{sources}"
+        )
 
 
 def plot_results(records: list[dict], results: list[dict], path: str) -> None:
@@ -361,11 +518,15 @@ def plot_results(records: list[dict], results: list[dict], path: str) -> None:
     left.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
     left.set_ylabel("speed-up over target (tokens/s ratio)")
     left.legend(fontsize=8)
-    ours = next((m for m in methods if m.startswith("adaflash")), None)  # one curve set: verify lengths cut curves short
+    ours = next(
+        (m for m in methods if m.startswith("adaflash")), None
+    )  # one curve set: verify lengths cut curves short
     for domain in sorted({r["domain"] for r in records}):
         pooled = pooled_position_acceptance([r for r in records if r["domain"] == domain and r["method"] == ours])
         if pooled:
-            points = [(k + 1, a) for k, a in enumerate(pooled) if a is not None]  # positions never verified are left out
+            points = [
+                (k + 1, a) for k, a in enumerate(pooled) if a is not None
+            ]  # positions never verified are left out
             right.plot([k for k, _ in points], [a for _, a in points], marker="o", label=domain)
     right.set_xlabel("draft position k")
     right.set_ylabel("P(accept k | reached k)")

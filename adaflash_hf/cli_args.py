@@ -25,8 +25,10 @@ from .targets import PRESETS
 MODEL_GROUP = "target and drafter"
 OUTPUT_GROUP = "prompts and output"
 DTYPES = ("auto", "bf16", "fp16", "fp32")
-DTYPE_HELP = ("auto (bf16 on CUDA or where this CPU's bf16 matmuls measure faster than fp32, else fp32), bf16, "
-              "fp16 (GPUs without bf16) or fp32 (bit-exact comparisons)")
+DTYPE_HELP = (
+    "auto (bf16 on CUDA or where this CPU's bf16 matmuls measure faster than fp32, else fp32), bf16, "
+    "fp16 (GPUs without bf16) or fp32 (bit-exact comparisons)"
+)
 
 
 def dtype_field(subject: str = "the target", default: str = "auto") -> typing.Any:
@@ -35,18 +37,24 @@ def dtype_field(subject: str = "the target", default: str = "auto") -> typing.An
     Only a command whose result depends on bit-exact outputs (the soak compares every output with
     the target's own) passes another ``default``.
     """
-    return field(default=default, metadata={"help": f"dtype of {subject}: {DTYPE_HELP}.", "choices": DTYPES,
-                                            "group": MODEL_GROUP})
+    return field(
+        default=default,
+        metadata={"help": f"dtype of {subject}: {DTYPE_HELP}.", "choices": DTYPES, "group": MODEL_GROUP},
+    )
 
 
 def target_field(default: str, note: str = "") -> typing.Any:
     """The target: a preset, a local folder, a .gguf file or a Hub id; ``note`` adds what this command does with it."""
     help_text = f"Target: a preset ({', '.join(PRESETS)}), a local folder, a .gguf file or a Hub id"
-    return field(default=default, metadata={"help": f"{help_text}{f' ({note})' if note else ''}.", "group": MODEL_GROUP})
+    return field(
+        default=default, metadata={"help": f"{help_text}{f' ({note})' if note else ''}.", "group": MODEL_GROUP}
+    )
 
 
-DRAFTER_HELP = ("'auto' (the drafter bundled for the preset target), 'fresh' (untrained, sized for the target), "
-                "a local folder or a Hub id")
+DRAFTER_HELP = (
+    "'auto' (the drafter bundled for the preset target), 'fresh' (untrained, sized for the target), "
+    "a local folder or a Hub id"
+)
 
 
 def drafter_field(default: str = "auto", help_text: str = DRAFTER_HELP) -> typing.Any:
@@ -56,8 +64,9 @@ def drafter_field(default: str = "auto", help_text: str = DRAFTER_HELP) -> typin
 
 def num_threads_field(note: str = "") -> typing.Any:
     """torch CPU threads, default None (torch's choice); ``note`` adds where the count matters."""
-    return field(default=None, metadata={"help": f"torch CPU threads (default: torch's choice){note}.",
-                                         "group": MODEL_GROUP})
+    return field(
+        default=None, metadata={"help": f"torch CPU threads (default: torch's choice){note}.", "group": MODEL_GROUP}
+    )
 
 
 def seed_field(of: str, default: int = 0) -> typing.Any:
@@ -67,14 +76,21 @@ def seed_field(of: str, default: int = 0) -> typing.Any:
 
 def eval_prompts_field() -> typing.Any:
     """The prompt set of a benchmark: the presets' held-out prompts, or a user JSONL file."""
-    return field(default="eval", metadata={"help": "'eval' (the held-out preset prompts of --domains) or a JSONL file "
-                                                   "of {prompt, domain} lines.", "group": OUTPUT_GROUP})
+    return field(
+        default="eval",
+        metadata={
+            "help": "'eval' (the held-out preset prompts of --domains) or a JSONL file of {prompt, domain} lines.",
+            "group": OUTPUT_GROUP,
+        },
+    )
 
 
 def domains_field(default: str) -> typing.Any:
     """The domains of the held-out preset prompts a benchmark reads."""
-    return field(default=default, metadata={"help": "Comma-separated domains of the held-out preset prompts.",
-                                            "group": OUTPUT_GROUP})
+    return field(
+        default=default,
+        metadata={"help": "Comma-separated domains of the held-out preset prompts.", "group": OUTPUT_GROUP},
+    )
 
 
 def json_field(default: str, what: str = "the JSON results") -> typing.Any:
@@ -84,8 +100,12 @@ def json_field(default: str, what: str = "the JSON results") -> typing.Any:
 
 def host_field(what: str) -> typing.Any:
     """The address a server binds: this machine only by default."""
-    return field(default="127.0.0.1", metadata={"help": f"Address to bind: 127.0.0.1 serves this machine only; "
-                                                        f"0.0.0.0 exposes {what} to the network."})
+    return field(
+        default="127.0.0.1",
+        metadata={
+            "help": f"Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes {what} to the network."
+        },
+    )
 
 
 def port_field(default: int) -> typing.Any:
@@ -137,8 +157,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
         elif typing.get_origin(kind) in (list, tuple):
             container.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=default, help=help_text)
         else:
-            container.add_argument(flag, type=kind, default=default, required=required,
-                                   choices=f.metadata.get("choices"), help=help_text)
+            container.add_argument(
+                flag, type=kind, default=default, required=required, choices=f.metadata.get("choices"), help=help_text
+            )
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):
@@ -179,5 +200,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise ValueError(f"cannot listen on {host}:{port} ({error.strerror or error}): pick a free port with "
-                             f"--port (e.g. --port {port + 1 if port < 65535 else 7860}) or a local address with --host.") from None
+            raise ValueError(
+                f"cannot listen on {host}:{port} ({error.strerror or error}): pick a free port with "
+                f"--port (e.g. --port {port + 1 if port < 65535 else 7860}) or a local address with --host."
+            ) from None

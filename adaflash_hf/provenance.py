@@ -16,11 +16,19 @@ def code_provenance() -> dict:
     """Which adaflash-hf code produced a result: version, install location and git commit (if any)."""
     root = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=root, capture_output=True,
-                                    text=True, timeout=10).stdout.strip())
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--", "."], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", False
-    return {"version": __version__, "package_dir": str(root), "git_commit": commit or None,
-            "git_dirty": dirty if commit else None}
+    return {
+        "version": __version__,
+        "package_dir": str(root),
+        "git_commit": commit or None,
+        "git_dirty": dirty if commit else None,
+    }

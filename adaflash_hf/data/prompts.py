@@ -82,7 +82,6 @@ MIN_PROMPT_CODE_LINES, MAX_PROMPT_CODE_LINES = 5, 60
 Split = Literal["train", "eval"]
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Prompt formats
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +241,15 @@ def _code_prompts() -> list[_Item]:
 def _math_prompts() -> list[_Item]:
     return [
         _Item(
-            f"gsm8k/{p.doc_id}", "math", "gsm8k", p.doc_id, gsm8k_prompt(p.question), (gsm8k_prompt(p.question),),
-            0, True, frozenset({_normalise(p.question)}),
+            f"gsm8k/{p.doc_id}",
+            "math",
+            "gsm8k",
+            p.doc_id,
+            gsm8k_prompt(p.question),
+            (gsm8k_prompt(p.question),),
+            0,
+            True,
+            frozenset({_normalise(p.question)}),
         )
         for p in corpora.read_gsm8k()
     ]
@@ -252,7 +258,14 @@ def _math_prompts() -> list[_Item]:
 def _chat_prompts() -> list[_Item]:
     return [
         _Item(
-            f"mt_bench/{q.doc_id}", "chat", "mt_bench", q.doc_id, q.turns[0], q.turns, 0, True,
+            f"mt_bench/{q.doc_id}",
+            "chat",
+            "mt_bench",
+            q.doc_id,
+            q.turns[0],
+            q.turns,
+            0,
+            True,
             frozenset(map(_normalise, q.turns)),
         )
         for q in corpora.read_mt_bench()
@@ -323,8 +336,14 @@ def load_prompts(
         chosen = _select(_prompt_items(domain), split, limit_per_domain, seed, leak_keys, EVAL_PROMPTS_PER_DOMAIN)
         logger.info("%s/%s: %d prompts", domain, split, len(chosen))
         rows.extend(
-            {"id": i.id, "domain": i.domain, "source": i.source, "doc_id": i.doc_id, "prompt": i.text,
-             "turns": list(i.turns)}
+            {
+                "id": i.id,
+                "domain": i.domain,
+                "source": i.source,
+                "doc_id": i.doc_id,
+                "prompt": i.text,
+                "turns": list(i.turns),
+            }
             for i in chosen
         )
     return Dataset.from_list(rows, features=PROMPT_FEATURES)
@@ -333,6 +352,7 @@ def load_prompts(
 # ---------------------------------------------------------------------------------------------
 # Plain text for teacher-forced training
 # ---------------------------------------------------------------------------------------------
+
 
 def _strip_calculator(answer: str) -> str:
     """GSM8K answers annotate arithmetic as ``<<16-3-4=9>>``: drop the annotations."""
@@ -357,8 +377,13 @@ def _text_items(domain: str, chunk_words: int) -> list[_Item]:
         return items
     if domain == "math":
         return [
-            item("gsm8k", p.doc_id, 0, f"{p.question}\n\n{_strip_calculator(p.answer)}",
-                 frozenset({_normalise(p.question)}))
+            item(
+                "gsm8k",
+                p.doc_id,
+                0,
+                f"{p.question}\n\n{_strip_calculator(p.answer)}",
+                frozenset({_normalise(p.question)}),
+            )
             for p in corpora.read_gsm8k()
         ]
     if domain == "chat":

@@ -18,9 +18,7 @@ logger = logging.getLogger(__name__)
 
 # Standard-library folders that are tests, tools with their own test data, generated tables
 # (codec maps, pydoc topics) or third-party code: poor or foreign training text.
-STDLIB_SKIP_DIRS = frozenset(
-    {"test", "tests", "idlelib", "site-packages", "__pycache__", "encodings", "pydoc_data"}
-)
+STDLIB_SKIP_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "__pycache__", "encodings", "pydoc_data"})
 STDLIB_MAX_CHUNK_LINES = 150
 STDLIB_MAX_CLASS_LINES = 60
 

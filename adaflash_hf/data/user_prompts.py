@@ -70,7 +70,7 @@ def load_prompts_jsonl(path: str | Path, default_domain: str | None = None) -> D
         raise ValueError(
             f"{path}: {len(errors)} bad line(s); each line must be a JSON object like "
             f'{{"prompt": "...", "domain": "code"}} (pass default_domain= to label lines without '
-            f'a domain):\n  {shown}'
+            f"a domain):\n  {shown}"
         )
     if not rows:
         raise ValueError(f"{path} holds no prompts (only blank lines).")
@@ -83,9 +83,7 @@ def _user_row(
     """One schema row from a user record, or an explanation of what is wrong with it."""
     found = f"(keys found: {', '.join(sorted(map(str, record))) or 'none'})"
     turns = record.get("turns")
-    if turns is not None and not (
-        isinstance(turns, list) and turns and all(_is_nonempty_str(t) for t in turns)
-    ):
+    if turns is not None and not (isinstance(turns, list) and turns and all(_is_nonempty_str(t) for t in turns)):
         return {}, "'turns' must be a non-empty list of non-empty strings"
     prompt = record.get("prompt", turns[0] if turns else None)
     if prompt is None:

@@ -61,9 +61,15 @@ class OnlineDistiller:
         # Retention: trajectories of the drafter's own training domains, built from text on the first
         # training calls (a few target forwards per call); the check set guards publication, the
         # rest is rehearsed in every batch.
-        rehearsal_pool = max(self.REHEARSAL_POOL, 4 * self.config.rehearsal_trajectories) if self.config.rehearsal_trajectories else 0
+        rehearsal_pool = (
+            max(self.REHEARSAL_POOL, 4 * self.config.rehearsal_trajectories)
+            if self.config.rehearsal_trajectories
+            else 0
+        )
         wanted = self.config.retention_trajectories + rehearsal_pool
-        samples = retention_samples(self.drafter, wanted, self.RETENTION_TOKENS) if retention is None else list(retention)
+        samples = (
+            retention_samples(self.drafter, wanted, self.RETENTION_TOKENS) if retention is None else list(retention)
+        )
         samples = [s if isinstance(s, tuple) else (list(s), 1) for s in samples][:wanted]
         self._retention_text = samples[0::2] + samples[1::2]  # the check set (built first) and the pool both span them
         self.retention_set: list[Trajectory] = []
@@ -76,9 +82,18 @@ class OnlineDistiller:
         self._optimizer = self._new_optimizer()
         self._taken = 0
         self._steps_since_check = 0
-        self.counters = {"steps": 0, "nan_steps": 0, "step_errors": 0, "published": 0, "rejected_versions": 0,
-                         "restarts": 0, "swaps": 0, "trained_trajectories": 0, "replayed_batches": 0,
-                         "retention_rejections": 0}
+        self.counters = {
+            "steps": 0,
+            "nan_steps": 0,
+            "step_errors": 0,
+            "published": 0,
+            "rejected_versions": 0,
+            "restarts": 0,
+            "swaps": 0,
+            "trained_trajectories": 0,
+            "replayed_batches": 0,
+            "retention_rejections": 0,
+        }
         self.train_seconds = 0.0
         self.state = "idle"
         self.last_loss: float | None = None
@@ -121,10 +136,13 @@ class OnlineDistiller:
         return work
 
     def with_rehearsal(self, batch: list[Trajectory], generator: torch.Generator | None = None) -> list[Trajectory]:
-        """``batch`` plus ``rehearsal_trajectories`` random trajectories of the rehearsal pool (none while it is empty)."""
+        """``batch`` plus ``rehearsal_trajectories`` random trajectories of the rehearsal pool (none while it is
+        empty)."""
         if not self.rehearsal_set:
             return batch
-        picks = torch.randperm(len(self.rehearsal_set), generator=generator or self._generator)[: self.config.rehearsal_trajectories]
+        picks = torch.randperm(len(self.rehearsal_set), generator=generator or self._generator)[
+            : self.config.rehearsal_trajectories
+        ]
         return batch + [self.rehearsal_set[i] for i in picks.tolist()]
 
     def _build_retention(self) -> float:
@@ -137,7 +155,9 @@ class OnlineDistiller:
             tokens, prompt_len = self._retention_text.pop(0)
             if not 1 <= prompt_len < len(tokens):
                 continue
-            trajectory = teacher_forced_trajectory(self.target, layer_ids, tokens, prompt_len, self.config.top_k, tag="retention")
+            trajectory = teacher_forced_trajectory(
+                self.target, layer_ids, tokens, prompt_len, self.config.top_k, tag="retention"
+            )
             if len(self.retention_set) < self.config.retention_trajectories:
                 self.retention_set.append(trajectory)
             else:
@@ -182,7 +202,9 @@ class OnlineDistiller:
             return
         except (RuntimeError, ValueError) as exc:
             self.counters["step_errors"] += 1
-            self.errors.append(f"step {self.counters['steps']}: {type(exc).__name__}: {exc}; rolled back to v{self.version}")
+            self.errors.append(
+                f"step {self.counters['steps']}: {type(exc).__name__}: {exc}; rolled back to v{self.version}"
+            )
             self._rollback()
             return
         self.last_loss = loss
@@ -220,12 +242,18 @@ class OnlineDistiller:
         gamma = cfg.gamma or default_gamma(block_size)
         device = next(self.target.parameters()).device
         tokens, context, label_mask, labels, teacher_ids, teacher_lp, rejected = _collate(batch, device)
-        context = context.to(next(model.parameters()).dtype)  # stored as bf16; exact in fp32, and autocast casts back where it runs
+        context = context.to(
+            next(model.parameters()).dtype
+        )  # stored as bf16; exact in fp32, and autocast casts back where it runs
         anchors, valid = sample_anchors(label_mask, num_anchors or cfg.num_anchors, self._generator)
-        block_lab = block_labels(labels, label_mask, anchors, valid, block_size, input_ids=tokens)[:, :, :num_positions]  # (b, A, K)
+        block_lab = block_labels(labels, label_mask, anchors, valid, block_size, input_ids=tokens)[
+            :, :, :num_positions
+        ]  # (b, A, K)
         keep = block_lab != IGNORE_INDEX
         with torch.set_grad_enabled(with_grad):
-            hidden = block_hidden_states(model, self.target.get_input_embeddings(), tokens, context, anchors, num_positions)  # (b, A, K, H)
+            hidden = block_hidden_states(
+                model, self.target.get_input_embeddings(), tokens, context, anchors, num_positions
+            )  # (b, A, K, H)
             logits = draft_logits(model, self.target.get_output_embeddings(), hidden[keep])  # (n, V_draft)
             label_pos = anchors[:, :, None] + torch.arange(1, num_positions + 1, device=device)  # (b, A, K)
             rows = torch.arange(len(batch), device=device)[:, None, None].expand_as(label_pos)
@@ -234,14 +262,22 @@ class OnlineDistiller:
             ids = to_draft_ids(teacher_ids[r, t].long(), model, vocab_size)  # (n, k)
             weights = position_weights(block_size, gamma, num_positions).to(device).expand_as(label_pos)[keep]
             weights = weights * torch.where(rejected[r, t], cfg.rejected_weight, 1.0)
-            loss = opd_topk_loss(logits, ids, teacher_lp[r, t], weights, cfg.alpha, cfg.clip) if len(r) else logits.sum() * 0
+            loss = (
+                opd_topk_loss(logits, ids, teacher_lp[r, t], weights, cfg.alpha, cfg.clip)
+                if len(r)
+                else logits.sum() * 0
+            )
         predictions = torch.full_like(block_lab, IGNORE_INDEX)
         predictions[keep] = to_target_ids(logits.detach().argmax(-1), model)
         return loss, acceptance_counts(predictions.cpu(), block_lab.cpu())
 
     @torch.no_grad()
-    def held_out_tau(self, state: dict[str, torch.Tensor] | None = None, trajectories: list[Trajectory] | None = None,
-                     num_anchors: int | None = None) -> tuple[float, list[float]]:
+    def held_out_tau(
+        self,
+        state: dict[str, torch.Tensor] | None = None,
+        trajectories: list[Trajectory] | None = None,
+        num_anchors: int | None = None,
+    ) -> tuple[float, list[float]]:
         """Teacher-forced τ and per-position acceptance of the trainer's drafter (or of ``state``) on held-out
         trajectories, over ``num_anchors`` blocks of each (default: the training step's)."""
         from peft import set_peft_model_state_dict
@@ -252,21 +288,29 @@ class OnlineDistiller:
         saved = None
         if state is not None:
             saved = adapter_state(self.train_model)
-            set_peft_model_state_dict(self.train_model, {k.removeprefix("base_model.model."): v for k, v in state.items()})
+            set_peft_model_state_dict(
+                self.train_model, {k.removeprefix("base_model.model."): v for k, v in state.items()}
+            )
         generator_state = self._generator.get_state()
         self._generator.manual_seed(12345)  # the same anchors for every version compared
         try:
             with self._autocast():
                 accepted, hits, seen = [], 0, 0
                 for i in range(0, len(trajectories), self.config.batch_trajectories):
-                    _, (acc, h, s) = self._loss(self.train_model, trajectories[i:i + self.config.batch_trajectories], with_grad=False,
-                                                num_anchors=num_anchors)
+                    _, (acc, h, s) = self._loss(
+                        self.train_model,
+                        trajectories[i : i + self.config.batch_trajectories],
+                        with_grad=False,
+                        num_anchors=num_anchors,
+                    )
                     accepted.append(acc)
                     hits, seen = hits + h, seen + s
         finally:
             self._generator.set_state(generator_state)
             if saved is not None:
-                set_peft_model_state_dict(self.train_model, {k.removeprefix("base_model.model."): v for k, v in saved.items()})
+                set_peft_model_state_dict(
+                    self.train_model, {k.removeprefix("base_model.model."): v for k, v in saved.items()}
+                )
         accepted = torch.cat(accepted).float()
         return 1.0 + float(accepted.mean()) if len(accepted) else float("nan"), (hits / seen.clamp_min(1)).tolist()
 
@@ -278,13 +322,20 @@ class OnlineDistiller:
         cand_tau, positions = self.held_out_tau()
         serving_tau, _ = self.held_out_tau(self.good_state)
         passed = math.isfinite(cand_tau) and cand_tau >= serving_tau + self.config.min_improvement
-        self.last_check = {"candidate_tau": round(cand_tau, 4), "serving_tau": round(serving_tau, 4), "passed": passed,
-                           "position_acceptance": [round(p, 3) for p in positions], "check_trajectories": len(self.check_set)}
+        self.last_check = {
+            "candidate_tau": round(cand_tau, 4),
+            "serving_tau": round(serving_tau, 4),
+            "passed": passed,
+            "position_acceptance": [round(p, 3) for p in positions],
+            "check_trajectories": len(self.check_set),
+        }
         if passed and self.retention_base_tau is not None:  # the domains the drafter was trained on must not suffer
             retained, _ = self.held_out_tau(trajectories=self.retention_set, num_anchors=self.RETENTION_ANCHORS)
             floor = self.retention_base_tau * (1 - self.config.max_retention_drop)
             passed = math.isfinite(retained) and retained >= floor
-            self.last_check.update(passed=passed, retention_tau=round(retained, 4), retention_base_tau=round(self.retention_base_tau, 4))
+            self.last_check.update(
+                passed=passed, retention_tau=round(retained, 4), retention_base_tau=round(self.retention_base_tau, 4)
+            )
             if not passed:
                 self.counters["retention_rejections"] += 1
         if not passed:
@@ -299,10 +350,20 @@ class OnlineDistiller:
         self.tau_history.append({"requests": self.buffer.added, "version": version, "tau": round(cand_tau, 4)})
         if self.config.publish_dir:
             try:
-                publish_adapter(self.config.publish_dir, version, candidate, self.settings, self.base_drafter_name,
-                                {"tau": cand_tau, "previous_tau": serving_tau, "requests": self.buffer.added,
-                                 "tau_kind": "teacher-forced, held-out live trajectories"},
-                                target=getattr(self.target, "name_or_path", None))
+                publish_adapter(
+                    self.config.publish_dir,
+                    version,
+                    candidate,
+                    self.settings,
+                    self.base_drafter_name,
+                    {
+                        "tau": cand_tau,
+                        "previous_tau": serving_tau,
+                        "requests": self.buffer.added,
+                        "tau_kind": "teacher-forced, held-out live trajectories",
+                    },
+                    target=getattr(self.target, "name_or_path", None),
+                )
             except OSError as exc:
                 self.errors.append(f"could not write v{version} to {self.config.publish_dir}: {exc}")
 

@@ -81,8 +81,14 @@ class AdaFlashOPD(OnlineDistiller):
     training does (a batch, the version check, publication) is :class:`~.distiller.OnlineDistiller`'s.
     """
 
-    def __init__(self, target: PreTrainedModel, drafter: AdaFlashDrafter, config: OPDConfig | None = None,
-                 base_drafter_name: str = "adaflash-drafter", retention: list | None = None):
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: AdaFlashDrafter,
+        config: OPDConfig | None = None,
+        base_drafter_name: str = "adaflash-drafter",
+        retention: list | None = None,
+    ):
         """``retention``: text of the domains the drafter was trained on, for the retention check and
         rehearsal: ``(token ids, prompt length)`` pairs, or token id lists (read as prompt-less). Default:
         the drafter folder's ``retention.safetensors`` (prompts with the target's responses), else
@@ -154,8 +160,11 @@ class AdaFlashOPD(OnlineDistiller):
 
     def wants_idle_time(self) -> bool:
         """Inline: whether an idle engine has something to train on (new trajectories or replay)."""
-        return (self.alive and self.buffer.added >= self.config.min_trajectories
-                and (len(self.buffer) > 0 or len(self.replay) >= self.config.batch_trajectories))
+        return (
+            self.alive
+            and self.buffer.added >= self.config.min_trajectories
+            and (len(self.buffer) > 0 or len(self.replay) >= self.config.batch_trajectories)
+        )
 
     def train_between_rounds(self, idle: bool = False) -> bool:
         """Inline: train one batch in the calling (engine) thread if the duty cycle allows it now, or
@@ -226,7 +235,11 @@ class AdaFlashOPD(OnlineDistiller):
         elapsed = time.perf_counter() - self.started_at if self.started_at else 0.0
         return {
             # stop() from another thread can land while an inline batch is still under way and sets its own state after
-            "state": self.state if alive or self.state in ("stopped", "failed", "idle") else "stopped" if self._stop.is_set() else "dead",
+            "state": self.state
+            if alive or self.state in ("stopped", "failed", "idle")
+            else "stopped"
+            if self._stop.is_set()
+            else "dead",
             "worker": "inline" if self.inline else "thread",
             "worker_alive": alive,
             "adapter_version": self.slot.version,
@@ -238,8 +251,12 @@ class AdaFlashOPD(OnlineDistiller):
             "idle_train_seconds": round(self.idle_train_seconds, 2),
             "buffer": self.buffer.counters(),
             "check_set": len(self.check_set),
-            "retention": {"check": len(self.retention_set), "rehearsal": len(self.rehearsal_set), "pending": len(self._retention_text),
-                          "base_tau": None if self.retention_base_tau is None else round(self.retention_base_tau, 4)},
+            "retention": {
+                "check": len(self.retention_set),
+                "rehearsal": len(self.rehearsal_set),
+                "pending": len(self._retention_text),
+                "base_tau": None if self.retention_base_tau is None else round(self.retention_base_tau, 4),
+            },
             "errors": list(self.errors),
             "tau_history": list(self.tau_history),
             **self.counters,
@@ -252,7 +269,8 @@ class AdaFlashOPD(OnlineDistiller):
     # ----------------------------------------------------------------------------------------------
     # the worker
     def _run(self) -> None:
-        """The worker thread (``worker='thread'``): train, then sleep so that training is ``duty_cycle`` of wall time."""
+        """The worker thread (``worker='thread'``): train, then sleep so that training is ``duty_cycle`` of wall
+        time."""
         torch.set_num_threads(self.config.train_threads)  # this thread's pool only; serving keeps its threads
         try:
             while not self._stop.is_set():

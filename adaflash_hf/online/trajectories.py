@@ -48,7 +48,10 @@ class Trajectory:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.tokens, self.features, self.teacher_ids, self.teacher_logprobs, self.rejected))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.tokens, self.features, self.teacher_ids, self.teacher_logprobs, self.rejected)
+        )
 
 
 class TrajectoryBuffer:
@@ -99,7 +102,13 @@ class TrajectoryBuffer:
 
     def counters(self) -> dict[str, int]:
         with self._lock:
-            return {"size": len(self._items), "bytes": self._bytes, "added": self.added, "dropped": self.dropped, "taken": self.taken}
+            return {
+                "size": len(self._items),
+                "bytes": self._bytes,
+                "added": self.added,
+                "dropped": self.dropped,
+                "taken": self.taken,
+            }
 
 
 @dataclass
@@ -147,8 +156,16 @@ class TrajectoryRecorder:
         ids, logprobs = self._teacher(logits[None])
         tag = self.tag_for(row_id) if self.tag_for is not None else ""
         with self._lock:
-            self._open[row_id] = _Open(list(prompt_ids) + [first_token], len(prompt_ids), [features.to(torch.bfloat16, copy=True)],
-                                       [ids], [logprobs], [], tag, {"target": 1})
+            self._open[row_id] = _Open(
+                list(prompt_ids) + [first_token],
+                len(prompt_ids),
+                [features.to(torch.bfloat16, copy=True)],
+                [ids],
+                [logprobs],
+                [],
+                tag,
+                {"target": 1},
+            )
 
     def on_round(self, row_id: Hashable, features, logits, tokens: Sequence[int], num_drafts: int, source: str) -> None:
         with self._lock:
@@ -174,8 +191,18 @@ class TrajectoryRecorder:
         tokens = torch.tensor(row.tokens, dtype=torch.int32)
         rejected = torch.zeros(len(tokens), dtype=torch.bool)
         rejected[row.rejected] = True
-        self.buffer.add(Trajectory(tokens, row.prompt_len, torch.cat(row.features), torch.cat(row.teacher_ids),
-                                   torch.cat(row.teacher_logprobs), rejected, row.tag, row.source_tokens))
+        self.buffer.add(
+            Trajectory(
+                tokens,
+                row.prompt_len,
+                torch.cat(row.features),
+                torch.cat(row.teacher_ids),
+                torch.cat(row.teacher_logprobs),
+                rejected,
+                row.tag,
+                row.source_tokens,
+            )
+        )
 
     @property
     def open_rows(self) -> int:
@@ -184,8 +211,9 @@ class TrajectoryRecorder:
 
 
 @torch.no_grad()
-def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence[int], prompt_len: int = 1, top_k: int = 32,
-                              tag: str = "") -> Trajectory:
+def teacher_forced_trajectory(
+    target, layer_ids: Sequence[int], tokens: Sequence[int], prompt_len: int = 1, top_k: int = 32, tag: str = ""
+) -> Trajectory:
     """The trajectory the recorder would keep had the engine decoded ``tokens[prompt_len:]`` after
     ``tokens[:prompt_len]``, from one target forward over the whole sequence: for text the target
     produced before (a drafter's datastore of its greedy responses), no generation is needed.
@@ -203,8 +231,15 @@ def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence
     features = context_features(out.hidden_states, list(layer_ids))[0, :-1]  # after tokens 0..T-2
     logprobs = torch.log_softmax(out.logits[0, prompt_len - 1 : -1].float(), dim=-1)
     values, top = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
-    return Trajectory(ids[0].int().cpu(), prompt_len, features.to(torch.bfloat16).cpu(), top.int().cpu(), values.cpu(),
-                      torch.zeros(ids.shape[1], dtype=torch.bool), tag)
+    return Trajectory(
+        ids[0].int().cpu(),
+        prompt_len,
+        features.to(torch.bfloat16).cpu(),
+        top.int().cpu(),
+        values.cpu(),
+        torch.zeros(ids.shape[1], dtype=torch.bool),
+        tag,
+    )
 
 
 def retention_samples(drafter, count: int, max_response_tokens: int = 128) -> list[tuple[list[int], int]]:

@@ -27,9 +27,21 @@ METHODS = ("target", "adaflash")
 class QualityArgs:
     target: str = target_field(DEFAULT_TARGET)
     drafter: str = drafter_field()
-    problems: int = field(default=40, metadata={"help": "Problems per task: held-out eval prompts first (40 GSM8K, 30 HumanEval), then the rest of the benchmark (see load_problems)."})
-    max_new_tokens: int = field(default=512, metadata={"help": "New tokens per answer; a cut-off answer is scored as it stands."})
-    batch_size: int = field(default=8, metadata={"help": "Problems decoded together (both methods see the same batches)."})
+    problems: int = field(
+        default=40,
+        metadata={
+            "help": (
+                "Problems per task: held-out eval prompts first (40 GSM8K, 30 HumanEval), then the rest of the "
+                "benchmark (see load_problems)."
+            )
+        },
+    )
+    max_new_tokens: int = field(
+        default=512, metadata={"help": "New tokens per answer; a cut-off answer is scored as it stands."}
+    )
+    batch_size: int = field(
+        default=8, metadata={"help": "Problems decoded together (both methods see the same batches)."}
+    )
     timeout_s: float = field(default=10.0, metadata={"help": "Wall-clock limit of one HumanEval program, in seconds."})
     dtype: str = dtype_field()
     num_threads: int | None = num_threads_field()
@@ -37,8 +49,10 @@ class QualityArgs:
 
     def __post_init__(self):
         if self.problems < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError(f"problems ({self.problems}), max_new_tokens ({self.max_new_tokens}) and batch_size "
-                             f"({self.batch_size}) must each be >= 1.")
+            raise ValueError(
+                f"problems ({self.problems}), max_new_tokens ({self.max_new_tokens}) and batch_size "
+                f"({self.batch_size}) must each be >= 1."
+            )
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}.")
         if self.num_threads is not None and self.num_threads < 1:
@@ -62,30 +76,42 @@ def summarise(records: list[dict]) -> list[dict]:
         target_only = sum(p and not o for p, o in zip(plain, ours))
         adaflash_only = sum(o and not p for p, o in zip(plain, ours))
         low, high = paired_difference_interval(both, adaflash_only, target_only, n - both - target_only - adaflash_only)
-        results.append(dict(
-            task=task, metric=METRIC_OF.get(task, "solved"), problems=n,
-            identical_outputs=sum(r["identical"] for r in group),
-            score={m: round(sum(r["correct"][m] for r in group) / n, 4) for m in METHODS},
-            score_ci95={m: [round(v, 4) for v in wilson_interval(sum(r["correct"][m] for r in group), n)] for m in METHODS},
-            only_target_correct=target_only, only_adaflash_correct=adaflash_only,
-            difference=round((adaflash_only - target_only) / n, 4), difference_ci95=[round(low, 4), round(high, 4)],
-            mcnemar_p=round(mcnemar_exact_p(target_only, adaflash_only), 4),
-            new_tokens={m: sum(r["new_tokens"][m] for r in group) for m in METHODS},
-        ))
+        results.append(
+            dict(
+                task=task,
+                metric=METRIC_OF.get(task, "solved"),
+                problems=n,
+                identical_outputs=sum(r["identical"] for r in group),
+                score={m: round(sum(r["correct"][m] for r in group) / n, 4) for m in METHODS},
+                score_ci95={
+                    m: [round(v, 4) for v in wilson_interval(sum(r["correct"][m] for r in group), n)] for m in METHODS
+                },
+                only_target_correct=target_only,
+                only_adaflash_correct=adaflash_only,
+                difference=round((adaflash_only - target_only) / n, 4),
+                difference_ci95=[round(low, 4), round(high, 4)],
+                mcnemar_p=round(mcnemar_exact_p(target_only, adaflash_only), 4),
+                new_tokens={m: sum(r["new_tokens"][m] for r in group) for m in METHODS},
+            )
+        )
     return results
 
 
 def print_table(results: list[dict]) -> None:
-    header = (f"{'task':<10} {'metric':<12} {'problems':>8} {'identical':>9}  {'target [95% CI]':<21} "
-              f"{'adaflash [95% CI]':<21} {'adaflash - target [95% CI]':<27} {'McNemar p':>9}")
+    header = (
+        f"{'task':<10} {'metric':<12} {'problems':>8} {'identical':>9}  {'target [95% CI]':<21} "
+        f"{'adaflash [95% CI]':<21} {'adaflash - target [95% CI]':<27} {'McNemar p':>9}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         scores = [f"{r['score'][m]:.3f} [{r['score_ci95'][m][0]:.2f}, {r['score_ci95'][m][1]:.2f}]" for m in METHODS]
         low, high = r["difference_ci95"]
         difference = f"{r['difference']:+.3f} [{low:+.2f}, {high:+.2f}]"
-        print(f"{r['task']:<10} {r['metric']:<12} {r['problems']:>8} {r['identical_outputs']:>5}/{r['problems']:<3}  "
-              f"{scores[0]:<21} {scores[1]:<21} {difference:<27} {r['mcnemar_p']:>9.3f}")
+        print(
+            f"{r['task']:<10} {r['metric']:<12} {r['problems']:>8} {r['identical_outputs']:>5}/{r['problems']:<3}  "
+            f"{scores[0]:<21} {scores[1]:<21} {difference:<27} {r['mcnemar_p']:>9.3f}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,9 +127,18 @@ def until_stop(tokens: list[int], stop_ids: frozenset[int]) -> list[int]:
     return tokens
 
 
-def decode_batch(method: str, target, drafter, prompts: list[list[int]], max_new_tokens: int, pad_id: int,
-                 stop_ids: frozenset[int], drafting_state=None) -> list[list[int]]:
-    """Greedy new token ids per prompt (through the first stop token) with ``method``, one batch of left-padded prompts."""
+def decode_batch(
+    method: str,
+    target,
+    drafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    pad_id: int,
+    stop_ids: frozenset[int],
+    drafting_state=None,
+) -> list[list[int]]:
+    """Greedy new token ids per prompt (through the first stop token) with ``method``, one batch of left-padded
+    prompts."""
     import torch
 
     from ..decoding.engine import generate
@@ -112,22 +147,37 @@ def decode_batch(method: str, target, drafter, prompts: list[list[int]], max_new
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention_mask[row, width - len(prompt):] = 1
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt) :] = 1
     input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
     with torch.inference_mode():
         if method == "target":
-            sequences = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                                        do_sample=False, pad_token_id=pad_id)
+            sequences = target.generate(
+                input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
             rows = sequences[:, width:].tolist()
         else:
-            out = generate(target, drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
-                           pad_token_id=pad_id, drafting_state=drafting_state)
-            rows = [out.sequences[row, width: width + n].tolist() for row, n in enumerate(out.num_new_tokens)]
+            out = generate(
+                target,
+                drafter,
+                input_ids,
+                attention_mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                drafting_state=drafting_state,
+            )
+            rows = [out.sequences[row, width : width + n].tolist() for row, n in enumerate(out.num_new_tokens)]
     return [until_stop(r, stop_ids) for r in rows]
 
 
-def evaluate(target, tokenizer, drafter, problems: list[Problem], args: QualityArgs) -> tuple[list[dict], dict[str, float]]:
+def evaluate(
+    target, tokenizer, drafter, problems: list[Problem], args: QualityArgs
+) -> tuple[list[dict], dict[str, float]]:
     """Decode every problem with both methods (same batches, methods alternating) and score the answers.
 
     Returns one record per problem (in ``problems``' order when it is grouped by task, as
@@ -147,28 +197,40 @@ def evaluate(target, tokenizer, drafter, problems: list[Problem], args: QualityA
     batches = []  # per task: its answers have similar lengths, and a batch lasts as long as its longest answer
     for task in dict.fromkeys(p.task for p in problems):
         same = [p for p in problems if p.task == task]
-        batches += [same[i: i + args.batch_size] for i in range(0, len(same), args.batch_size)]
+        batches += [same[i : i + args.batch_size] for i in range(0, len(same), args.batch_size)]
     for index, batch in enumerate(batches):
         prompts = [chat_prompt_ids(tokenizer, p.prompt) for p in batch]
         outputs = {}
         for method in METHODS:
             start = time.perf_counter()
-            outputs[method] = decode_batch(method, target, drafter, prompts, args.max_new_tokens, pad_id, stop_ids, state)
+            outputs[method] = decode_batch(
+                method, target, drafter, prompts, args.max_new_tokens, pad_id, stop_ids, state
+            )
             seconds[method] += time.perf_counter() - start
         for row, problem in enumerate(batch):
             texts = {m: tokenizer.decode(outputs[m][row], skip_special_tokens=True) for m in METHODS}
             scores = {m: score(problem, texts[m], args.timeout_s) for m in METHODS}
-            records.append(dict(
-                id=problem.id, task=problem.task, split=problem.split, correct={m: scores[m].correct for m in METHODS},
-                identical=outputs["target"][row] == outputs["adaflash"][row],
-                new_tokens={m: len(outputs[m][row]) for m in METHODS}, details={m: scores[m].detail for m in METHODS},
-                reference=problem.answer or None, outputs=texts,
-            ))
-        done = records[-len(batch):]
-        print(f"[quality] batch {index + 1}/{len(batches)} ({batch[0].task}): "
-              + ", ".join(f"{m} {sum(r['correct'][m] for r in done)}/{len(done)} correct" for m in METHODS)
-              + f", {sum(r['identical'] for r in done)}/{len(done)} identical; "
-              + ", ".join(f"{m} {sum(r['new_tokens'][m] for r in done)} tokens" for m in METHODS), file=sys.stderr)
+            records.append(
+                dict(
+                    id=problem.id,
+                    task=problem.task,
+                    split=problem.split,
+                    correct={m: scores[m].correct for m in METHODS},
+                    identical=outputs["target"][row] == outputs["adaflash"][row],
+                    new_tokens={m: len(outputs[m][row]) for m in METHODS},
+                    details={m: scores[m].detail for m in METHODS},
+                    reference=problem.answer or None,
+                    outputs=texts,
+                )
+            )
+        done = records[-len(batch) :]
+        print(
+            f"[quality] batch {index + 1}/{len(batches)} ({batch[0].task}): "
+            + ", ".join(f"{m} {sum(r['correct'][m] for r in done)}/{len(done)} correct" for m in METHODS)
+            + f", {sum(r['identical'] for r in done)}/{len(done)} identical; "
+            + ", ".join(f"{m} {sum(r['new_tokens'][m] for r in done)} tokens" for m in METHODS),
+            file=sys.stderr,
+        )
     return records, seconds
 
 
@@ -185,19 +247,36 @@ def run_quality(args: QualityArgs, command: str | None = None) -> int:
     problems = [p for task in TASKS for p in load_problems(task, args.problems)]
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     drafter = load_drafter(args.drafter, target, target_name=args.target)
-    print(f"[quality] {len(problems)} problems ({', '.join(f'{t} {sum(p.task == t for p in problems)}' for t in TASKS)}), "
-          f"batches of {args.batch_size}, {args.max_new_tokens} new tokens, {target.dtype}, {torch.get_num_threads()} threads",
-          file=sys.stderr)
+    print(
+        f"[quality] {len(problems)} problems "
+        f"({', '.join(f'{t} {sum(p.task == t for p in problems)}' for t in TASKS)}), "
+        f"batches of {args.batch_size}, {args.max_new_tokens} new tokens, {target.dtype}, {torch.get_num_threads()} "
+        f"threads",
+        file=sys.stderr,
+    )
     records, seconds = evaluate(target, tokenizer, drafter, problems, args)
     results = summarise(records)
     print_table(results)
     tokens = results[-1]["new_tokens"]
-    generation = {m: dict(new_tokens=tokens[m], seconds=round(seconds[m], 2), tokens_per_second=round(tokens[m] / seconds[m], 3))
-                  for m in METHODS}
-    print("[quality] generation: " + ", ".join(f"{m} {tokens[m]} tokens in {seconds[m]:.0f} s" for m in METHODS), file=sys.stderr)
-    payload = {"command": command, "args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
-               "torch_threads": torch.get_num_threads(), "code": code_provenance(), "generation": generation,
-               "results": results, "records": records}
+    generation = {
+        m: dict(new_tokens=tokens[m], seconds=round(seconds[m], 2), tokens_per_second=round(tokens[m] / seconds[m], 3))
+        for m in METHODS
+    }
+    print(
+        "[quality] generation: " + ", ".join(f"{m} {tokens[m]} tokens in {seconds[m]:.0f} s" for m in METHODS),
+        file=sys.stderr,
+    )
+    payload = {
+        "command": command,
+        "args": asdict(args),
+        "device": str(target.device),
+        "dtype": str(target.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "code": code_provenance(),
+        "generation": generation,
+        "results": results,
+        "records": records,
+    }
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[quality] wrote {args.json}", file=sys.stderr)
     return 0

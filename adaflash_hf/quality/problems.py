@@ -51,16 +51,20 @@ def load_problems(task: str, limit: int) -> list[Problem]:
     gsm8k = task == "gsm8k"
     by_id = {p.doc_id: p for p in (corpora.read_gsm8k() if gsm8k else corpora.read_humaneval())}
     prompts = {r["doc_id"]: r["prompt"] for r in rows}  # insertion order: the eval split's fixed order
-    rest = sorted((doc_id for doc_id in by_id if doc_id not in prompts),
-                  key=lambda doc_id: document_split(task, doc_id) != "eval")  # stable: benchmark order within a split
+    rest = sorted(
+        (doc_id for doc_id in by_id if doc_id not in prompts), key=lambda doc_id: document_split(task, doc_id) != "eval"
+    )  # stable: benchmark order within a split
     for doc_id in rest[: max(0, limit - len(prompts))]:
         prompts[doc_id] = gsm8k_prompt(by_id[doc_id].question) if gsm8k else humaneval_prompt(by_id[doc_id].prompt)
     problems = []
     for doc_id in prompts:
         split = document_split(task, doc_id)
         if gsm8k:
-            problems.append(Problem(f"gsm8k/{doc_id}", task, prompts[doc_id],
-                                    answer=reference_answer(by_id[doc_id].answer), split=split))
+            problems.append(
+                Problem(
+                    f"gsm8k/{doc_id}", task, prompts[doc_id], answer=reference_answer(by_id[doc_id].answer), split=split
+                )
+            )
         else:
             problems.append(Problem(f"humaneval/{doc_id}", task, prompts[doc_id], code=by_id[doc_id], split=split))
     return problems
@@ -95,7 +99,8 @@ def boxed_content(text: str) -> str | None:
 
 
 def extract_answer(completion: str) -> str | None:
-    """The final number of an answer: the last number inside the last ``\\boxed{}``, else the last number of the text."""
+    """The final number of an answer: the last number inside the last ``\\boxed{}``, else the last number of the
+    text."""
     boxed = boxed_content(completion)
     for text in ([boxed] if boxed is not None else []) + [completion]:
         numbers = _NUMBER.findall(text)

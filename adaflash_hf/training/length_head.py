@@ -33,8 +33,13 @@ HEAD_FOLDER_SUFFIX = "-length-head"  # bundled/<preset>-length-head/ sits beside
 # The command
 # ---------------------------------------------------------------------------------------------
 
-def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | None = None,
-                      tokenizer: PreTrainedTokenizerBase | None = None, drafter: PreTrainedModel | None = None) -> dict:
+
+def train_length_head(
+    config: TrainLengthHeadConfig,
+    target: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    drafter: PreTrainedModel | None = None,
+) -> dict:
     """Record, fit and evaluate a length head for ``config.drafter``; save it to ``output_dir/length_head``.
 
     ``target``/``tokenizer``/``drafter`` may be passed already loaded (tests use tiny random models).
@@ -66,15 +71,36 @@ def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | N
     key = json.dumps([config.target, str(target.dtype), drafter_fingerprint(drafter), config.max_new_tokens])
     records_dir = Path(config.records_dir) if config.records_dir is not None else output_dir / "records"
     common = dict(key=key, max_new_tokens=config.max_new_tokens, batch_size=config.batch_size)
-    train_prompts = load_prompts(config.train_domains, split="train", limit_per_domain=config.train_prompts_per_domain, seed=config.seed)
+    train_prompts = load_prompts(
+        config.train_domains, split="train", limit_per_domain=config.train_prompts_per_domain, seed=config.seed
+    )
     eval_prompts = load_prompts(config.train_domains, split="eval", limit_per_domain=config.eval_prompts_per_domain)
-    train = collect_records(target, drafter, tokenizer, list(train_prompts["prompt"]), records_dir / "train", state,
-                            max_minutes=config.max_record_minutes, desc="record (train prompts)", **common)
-    held_out = collect_records(target, drafter, tokenizer, list(eval_prompts["prompt"]), records_dir / "eval", state,
-                               desc="record (held-out prompts)", **common)
+    train = collect_records(
+        target,
+        drafter,
+        tokenizer,
+        list(train_prompts["prompt"]),
+        records_dir / "train",
+        state,
+        max_minutes=config.max_record_minutes,
+        desc="record (train prompts)",
+        **common,
+    )
+    held_out = collect_records(
+        target,
+        drafter,
+        tokenizer,
+        list(eval_prompts["prompt"]),
+        records_dir / "eval",
+        state,
+        desc="record (held-out prompts)",
+        **common,
+    )
     if train is None or held_out is None:
-        raise ValueError("no acceptance records: the prompts produced no verified drafter blocks (all too long, or "
-                         "max_new_tokens too small). Use more prompts or a larger --max-new-tokens.")
+        raise ValueError(
+            "no acceptance records: the prompts produced no verified drafter blocks (all too long, or "
+            "max_new_tokens too small). Use more prompts or a larger --max-new-tokens."
+        )
     record_minutes = (time.perf_counter() - record_start) / 60
 
     # 3. Fit, picking the epoch on held-back training records (the held-out prompts stay unseen).
@@ -83,11 +109,18 @@ def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | N
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed))
     num_val = min(len(train) - 1, max(1, round(len(train) * config.validation_fraction)))
     fit, validation = train.select(order[num_val:]), train.select(order[:num_val])
-    head = AdaFlashLengthHead(AdaFlashLengthHeadConfig(
-        hidden_size=drafter.config.hidden_size, block_size=drafter.config.block_size, head_size=config.head_size,
-        drafter=config.drafter if config.drafter != "auto" else f"bundled:{config.target}"))
+    head = AdaFlashLengthHead(
+        AdaFlashLengthHeadConfig(
+            hidden_size=drafter.config.hidden_size,
+            block_size=drafter.config.block_size,
+            head_size=config.head_size,
+            drafter=config.drafter if config.drafter != "auto" else f"bundled:{config.target}",
+        )
+    )
     fit_start = time.perf_counter()
-    history = fit_head(head, fit, validation, config.epochs, config.lr, config.weight_decay, config.train_batch_size, config.seed)
+    history = fit_head(
+        head, fit, validation, config.epochs, config.lr, config.weight_decay, config.train_batch_size, config.seed
+    )
     fit_minutes = (time.perf_counter() - fit_start) / 60
 
     # 4. Held-out calibration: the head against the engine's estimator and its refit feature table.
@@ -100,25 +133,42 @@ def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | N
         "position_only": calibration(table_rates(train, held_out, use_top_prob=False), *truth),
     }
     for name, result in evaluation.items():
-        logger.info("held-out %-24s log-loss %.4f  Brier %.4f  length MAE %.3f  bias %+.3f", name, result["log_loss"],
-                    result["brier"], result["length_mae"], result["length_bias"])
+        logger.info(
+            "held-out %-24s log-loss %.4f  Brier %.4f  length MAE %.3f  bias %+.3f",
+            name,
+            result["log_loss"],
+            result["brier"],
+            result["length_mae"],
+            result["length_bias"],
+        )
     if evaluation["length_head"]["log_loss"] >= evaluation["engine_estimator"]["log_loss"]:
-        logger.warning("the length head does not beat the engine's estimator on held-out log-loss (%.4f vs %.4f)",
-                       evaluation["length_head"]["log_loss"], evaluation["engine_estimator"]["log_loss"])
+        logger.warning(
+            "the length head does not beat the engine's estimator on held-out log-loss (%.4f vs %.4f)",
+            evaluation["length_head"]["log_loss"],
+            evaluation["engine_estimator"]["log_loss"],
+        )
 
     # 5. Save the head, its summary and model card.
     head_dir = output_dir / "length_head"
     head.to(torch.bfloat16 if config.head_dtype == "bf16" else torch.float32).save_pretrained(head_dir)
     summary = {
         "recipe": asdict(config),
-        "records": {"train": len(fit), "validation": len(validation), "held_out": len(held_out),
-                    "train_prompts": min(len(train_prompts), (int(train.shards.max()) + 1) * SHARD_PROMPTS),
-                    "held_out_prompts": len(eval_prompts)},
-        "record_minutes": record_minutes, "fit_minutes": fit_minutes,
+        "records": {
+            "train": len(fit),
+            "validation": len(validation),
+            "held_out": len(held_out),
+            "train_prompts": min(len(train_prompts), (int(train.shards.max()) + 1) * SHARD_PROMPTS),
+            "held_out_prompts": len(eval_prompts),
+        },
+        "record_minutes": record_minutes,
+        "fit_minutes": fit_minutes,
         "wall_minutes": (time.perf_counter() - wall_start) / 60,
-        "history": history, "held_out": evaluation,
+        "history": history,
+        "held_out": evaluation,
         "head_seconds_batch1": time_head(head.float(), 1),
-        "drafter_seconds_ema": state.drafter_cost(config.batch_size),  # the engine's measured drafter pass at --batch-size rows
+        "drafter_seconds_ema": state.drafter_cost(
+            config.batch_size
+        ),  # the engine's measured drafter pass at --batch-size rows
         "head_parameters": sum(p.numel() for p in head.parameters()),
     }
     (head_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
@@ -126,7 +176,9 @@ def train_length_head(config: TrainLengthHeadConfig, target: PreTrainedModel | N
     return summary
 
 
-def load_length_head(name_or_path: str, drafter: PreTrainedModel | None = None, target_name: str | None = None) -> AdaFlashLengthHead:
+def load_length_head(
+    name_or_path: str, drafter: PreTrainedModel | None = None, target_name: str | None = None
+) -> AdaFlashLengthHead:
     """Resolve ``name_or_path`` to a length head (on the drafter's device, when given), checked against ``drafter``.
 
     ``"auto"``: the head bundled beside the drafter of preset ``target_name`` (default: the preset whose bundled
@@ -140,27 +192,39 @@ def load_length_head(name_or_path: str, drafter: PreTrainedModel | None = None, 
             target_name = drafter_dir.name if drafter_dir.parent == BUNDLED_DIR.resolve() else None
         path = BUNDLED_DIR / f"{target_name}{HEAD_FOLDER_SUFFIX}" if target_name else None
         if path is None or not (path / "config.json").is_file():
-            shipped = sorted(p.name.removesuffix(HEAD_FOLDER_SUFFIX) for p in BUNDLED_DIR.glob(f"*{HEAD_FOLDER_SUFFIX}"))
+            shipped = sorted(
+                p.name.removesuffix(HEAD_FOLDER_SUFFIX) for p in BUNDLED_DIR.glob(f"*{HEAD_FOLDER_SUFFIX}")
+            )
             raise ValueError(
-                f"No length head is bundled for {target_name or 'this drafter'!r} (bundled for: {', '.join(shipped) or 'none'}). "
-                "Pass a folder or Hub id, or train one with `adaflash train-length-head --target <preset> --drafter <drafter>`."
+                f"No length head is bundled for {target_name or 'this drafter'!r} "
+                f"(bundled for: {', '.join(shipped) or 'none'}). "
+                "Pass a folder or Hub id, or train one with `adaflash train-length-head --target <preset> --drafter "
+                "<drafter>`."
             )
         name_or_path = str(path)
     from safetensors import SafetensorError
 
     from ..drafters import checkpoint_source
 
-    name_or_path = checkpoint_source(name_or_path, "length head", "a length head is 'auto' (bundled beside a preset's "
-                                     "drafter), a local folder with config.json, or a Hub id (owner/name)")
+    name_or_path = checkpoint_source(
+        name_or_path,
+        "length head",
+        "a length head is 'auto' (bundled beside a preset's "
+        "drafter), a local folder with config.json, or a Hub id (owner/name)",
+    )
     try:
         head, info = AdaFlashLengthHead.from_pretrained(name_or_path, output_loading_info=True)
     except SafetensorError as error:
-        raise OSError(f"The length head weights in {name_or_path} cannot be read ({error}): the file is corrupt or was "
-                      "only partly downloaded. Download or save the checkpoint again.") from error
+        raise OSError(
+            f"The length head weights in {name_or_path} cannot be read ({error}): the file is corrupt or was "
+            "only partly downloaded. Download or save the checkpoint again."
+        ) from error
     broken = {k: sorted(v)[:8] for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if broken:
-        raise ValueError(f"The length head in {name_or_path} is incomplete or does not match its config: {broken}. "
-                         "Re-download it, or check that config.json belongs to these weights.")
+        raise ValueError(
+            f"The length head in {name_or_path} is incomplete or does not match its config: {broken}. "
+            "Re-download it, or check that config.json belongs to these weights."
+        )
     if drafter is not None:
         head.check_drafter(drafter)
         head.to(drafter.device)

@@ -25,7 +25,9 @@ from ..modeling_length_head import AdaFlashLengthHead
 from .length_head_records import AcceptanceRecords
 
 
-def survival_targets(accept_lengths: torch.Tensor, num_verified: torch.Tensor, num_drafts: int) -> tuple[torch.Tensor, torch.Tensor]:
+def survival_targets(
+    accept_lengths: torch.Tensor, num_verified: torch.Tensor, num_drafts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels and at-risk mask (N, num_drafts) of the conditional acceptance of drafts 1..num_drafts.
 
     Draft k is at risk when k <= min(accepted + 1, verified): every earlier draft was accepted and k
@@ -45,7 +47,8 @@ def survival_loss(logits: torch.Tensor, accept_lengths: torch.Tensor, num_verifi
 
 
 def expected_accepted(rates: torch.Tensor, num_verified: torch.Tensor | None = None) -> torch.Tensor:
-    """E[accepted drafts] (N,) from conditional rates (N, m): sum_k prod_{j<=k} a_j, over the first num_verified drafts."""
+    """E[accepted drafts] (N,) from conditional rates (N, m): sum_k prod_{j<=k} a_j, over the first num_verified
+    drafts."""
     survival = rates.float().cumprod(-1)
     if num_verified is not None:
         survival = survival * (torch.arange(1, rates.shape[1] + 1)[None] <= num_verified[:, None])
@@ -83,8 +86,12 @@ def table_rates(fit: AcceptanceRecords, evaluate: AcceptanceRecords, use_top_pro
     num_drafts = fit.rates.shape[1]
 
     def keys(records: AcceptanceRecords) -> torch.Tensor:
-        bins = torch.tensor([[drafter_feature(k, float(p))[1] if use_top_prob else 0 for k, p in enumerate(row)]
-                             for row in records.top_probs.tolist()])
+        bins = torch.tensor(
+            [
+                [drafter_feature(k, float(p))[1] if use_top_prob else 0 for k, p in enumerate(row)]
+                for row in records.top_probs.tolist()
+            ]
+        )
         return torch.arange(num_drafts)[None] * 5 + bins  # (N, m) cell index
 
     labels, mask = survival_targets(fit.accept_lengths, fit.num_verified, num_drafts)
@@ -99,15 +106,29 @@ def table_rates(fit: AcceptanceRecords, evaluate: AcceptanceRecords, use_top_pro
 # Fitting
 # ---------------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
 def predict_logits(head: AdaFlashLengthHead, records: AcceptanceRecords, chunk: int = 1024) -> torch.Tensor:
-    """The head's conditional-acceptance logits (N, B-1) for every record, from its block states and the engine's rates."""
-    return torch.cat([head(records.draft_hidden_states[i : i + chunk].float(), records.rates[i : i + chunk]).logits.float()
-                      for i in range(0, len(records), chunk)])
+    """The head's conditional-acceptance logits (N, B-1) for every record, from its block states and the engine's
+    rates."""
+    return torch.cat(
+        [
+            head(records.draft_hidden_states[i : i + chunk].float(), records.rates[i : i + chunk]).logits.float()
+            for i in range(0, len(records), chunk)
+        ]
+    )
 
 
-def fit_head(head: AdaFlashLengthHead, train: AcceptanceRecords, validation: AcceptanceRecords, epochs: int, lr: float,
-             weight_decay: float, batch_size: int, seed: int) -> list[dict]:
+def fit_head(
+    head: AdaFlashLengthHead,
+    train: AcceptanceRecords,
+    validation: AcceptanceRecords,
+    epochs: int,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    seed: int,
+) -> list[dict]:
     """AdamW on :func:`survival_loss` with a cosine decay to 0; keeps the epoch with the lowest validation loss.
 
     The decay matters: at a constant lr the held-out loss of consecutive epochs swung by +-0.01, as much
@@ -116,7 +137,9 @@ def fit_head(head: AdaFlashLengthHead, train: AcceptanceRecords, validation: Acc
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     total_steps = epochs * math.ceil(len(train) / batch_size)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / total_steps)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / total_steps))
+    )
     history, best, best_state = [], math.inf, None
     for epoch in tqdm(range(epochs), desc="train length head", unit="epoch"):
         head.train()
@@ -132,7 +155,9 @@ def fit_head(head: AdaFlashLengthHead, train: AcceptanceRecords, validation: Acc
             schedule.step()
             total += float(loss.detach()) * len(index)
         head.eval()
-        val_loss = float(survival_loss(predict_logits(head, validation), validation.accept_lengths, validation.num_verified))
+        val_loss = float(
+            survival_loss(predict_logits(head, validation), validation.accept_lengths, validation.num_verified)
+        )
         history.append({"epoch": epoch + 1, "train_loss": total / len(train), "validation_loss": val_loss})
         if val_loss < best:
             best, best_state = val_loss, {k: v.clone() for k, v in head.state_dict().items()}

@@ -84,17 +84,26 @@ class RecordingVerifyLength:
         self.rounds: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._seen: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def verify_lens(self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None) -> torch.Tensor:
+    def verify_lens(
+        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+    ) -> torch.Tensor:
         self._seen = (rates, draft_hidden_states)
         return self.policy.verify_lens(rates, draft_hidden_states, sources)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
-               proposed: bool | None = None) -> None:
+    def update(
+        self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool | None = None
+    ) -> None:
         rates, hidden = self._seen
         if hidden is not None:
             num_drafts = hidden.shape[1] - 1
-            self.rounds.append((hidden.detach().cpu(), rates[:, :num_drafts].float().cpu(), accept_lengths.cpu().long(),
-                                verify_lens.cpu().long() - 1))
+            self.rounds.append(
+                (
+                    hidden.detach().cpu(),
+                    rates[:, :num_drafts].float().cpu(),
+                    accept_lengths.cpu().long(),
+                    verify_lens.cpu().long() - 1,
+                )
+            )
 
     def pop_records(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(hidden (N, B, H), rates (N, B-1), accept_lengths (N,), num_verified (N,)) of the rounds seen, cleared."""
@@ -116,8 +125,10 @@ class AlwaysDraftState(DraftingState):
 
 
 def _estimator_counts(state: DraftingState) -> list:
-    return [[source, list(feature), state.estimator.hits.get((source, feature), 0.0), seen]
-            for (source, feature), seen in state.estimator.seen.items()]
+    return [
+        [source, list(feature), state.estimator.hits.get((source, feature), 0.0), seen]
+        for (source, feature), seen in state.estimator.seen.items()
+    ]
 
 
 def _restore_estimator(state: DraftingState, counts: list) -> None:
@@ -132,11 +143,16 @@ def drafter_fingerprint(drafter: PreTrainedModel) -> str:
 
 
 @torch.no_grad()
-def drafter_top_probs(target: PreTrainedModel, drafter: PreTrainedModel, hidden: torch.Tensor, chunk: int = 128) -> torch.Tensor:
-    """The drafter's top-1 probability of each draft (N, B-1), from its block states (N, B, H), as the engine computes it."""
+def drafter_top_probs(
+    target: PreTrainedModel, drafter: PreTrainedModel, hidden: torch.Tensor, chunk: int = 128
+) -> torch.Tensor:
+    """The drafter's top-1 probability of each draft (N, B-1), from its block states (N, B, H), as the engine
+    computes it."""
     head = DraftHead(target.get_output_embeddings(), drafter.draft_vocab)
-    parts = [top_probs_and_tokens(head, hidden[i : i + chunk, 1:].to(target.device, target.dtype))[1].float().cpu()
-             for i in range(0, hidden.shape[0], chunk)]
+    parts = [
+        top_probs_and_tokens(head, hidden[i : i + chunk, 1:].to(target.device, target.dtype))[1].float().cpu()
+        for i in range(0, hidden.shape[0], chunk)
+    ]
     return torch.cat(parts)
 
 
@@ -170,7 +186,11 @@ def collect_records(
     cache_dir = Path(cache_dir) / digest
     cache_dir.mkdir(parents=True, exist_ok=True)
     meta_path = cache_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"key": key, "num_prompts": len(prompts), "shards": {}}
+    meta = (
+        json.loads(meta_path.read_text())
+        if meta_path.exists()
+        else {"key": key, "num_prompts": len(prompts), "shards": {}}
+    )
     encoded = [chat_prompt_ids(tokenizer, p) for p in prompts]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     parts, start_time = [], time.perf_counter()
@@ -191,17 +211,37 @@ def collect_records(
         kept = sorted((i for i in indices if len(encoded[i]) <= max_prompt_tokens), key=lambda i: len(encoded[i]))
         for lo in range(0, len(kept), batch_size):
             input_ids, attention_mask = _left_pad([encoded[i] for i in kept[lo : lo + batch_size]], pad_id)
-            generate(target, drafter, input_ids.to(target.device), attention_mask.to(target.device), max_new_tokens=max_new_tokens,
-                     do_sample=False, pad_token_id=pad_id, verify_policy=recorder, drafting=state.config, drafting_state=state)
+            generate(
+                target,
+                drafter,
+                input_ids.to(target.device),
+                attention_mask.to(target.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                verify_policy=recorder,
+                drafting=state.config,
+                drafting_state=state,
+            )
             bar.update(min(batch_size, len(kept) - lo))
         bar.update(len(indices) - len(kept))
         if not recorder.rounds:
             continue
         hidden, rates, accepted, verified = recorder.pop_records()
-        records = AcceptanceRecords(hidden.to(torch.bfloat16), drafter_top_probs(target, drafter, hidden), rates, accepted,
-                                    verified, torch.full_like(accepted, shard))
-        meta["shards"][path.name] = {"prompts": len(kept), "records": len(records), "seconds": round(time.perf_counter() - shard_start, 1),
-                                     "estimator": _estimator_counts(state)}
+        records = AcceptanceRecords(
+            hidden.to(torch.bfloat16),
+            drafter_top_probs(target, drafter, hidden),
+            rates,
+            accepted,
+            verified,
+            torch.full_like(accepted, shard),
+        )
+        meta["shards"][path.name] = {
+            "prompts": len(kept),
+            "records": len(records),
+            "seconds": round(time.perf_counter() - shard_start, 1),
+            "estimator": _estimator_counts(state),
+        }
         meta_path.write_text(json.dumps(meta, indent=1))  # before the shard: a shard on disk always has its entry
         records.save(path)
         parts.append(records)
