@@ -219,7 +219,7 @@ def test_explain_difference_reports_the_logit_gap(capsys):
 
 
 def test_bench_pools_position_acceptance_and_leaves_out_unverified_positions():
-    from adaflash_hf.bench import pooled_position_acceptance
+    from adaflash_hf.bench_report import pooled_position_acceptance
 
     records = [{"positions": ([1, 0, 0], [2, 1, 0])}, {"positions": ([0, 0, 0], [1, 0, 0])}, {"positions": None}]
     assert pooled_position_acceptance(records) == [round(1 / 3, 4), 0.0, None]  # pooled counts, not a mean of ratios
