@@ -25,17 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .cli_args import (
-    DTYPES,
-    check_choice,
-    check_port_free,
-    drafter_field,
-    dtype_field,
-    host_field,
-    port_field,
-    target_field,
-)
-from .targets import DEFAULT_TARGET
+from .cli_args import DTYPES, check_choice, check_port_free, dtype_field
+from .targets import DEFAULT_TARGET, PRESETS
 
 if TYPE_CHECKING:
     import gradio
@@ -65,12 +56,12 @@ EXAMPLES = [
 
 @dataclass
 class DemoArgs:
-    target: str = target_field(DEFAULT_TARGET)
-    drafter: str = drafter_field()
+    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
     length_head: str = field(default="auto", metadata={"help": "Adaptive length head that chooses the verify lengths: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
     dtype: str = dtype_field()
-    host: str = host_field("the demo")
-    port: int = port_field(7860)
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the demo to the network."})
+    port: int = field(default=7860, metadata={"help": "TCP port."})
     max_new_tokens: int = field(default=200, metadata={"help": "Default of the page's token budget slider."})
     share: bool = field(default=False, metadata={"help": "Also open a temporary public gradio.live link: anyone with the link can use the demo."})
 

@@ -23,17 +23,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ..cli_args import (
-    DTYPES,
-    check_choice,
-    check_port_free,
-    drafter_field,
-    dtype_field,
-    host_field,
-    port_field,
-    target_field,
-)
-from ..targets import DEFAULT_TARGET
+from ..cli_args import DTYPES, check_choice, check_port_free, dtype_field
+from ..targets import DEFAULT_TARGET, PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +33,10 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 @dataclass
 class ServeArgs:
-    target: str = target_field(DEFAULT_TARGET)
-    drafter: str = drafter_field()
-    host: str = host_field("the server, which has no authentication,")
-    port: int = port_field(8000)
+    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
+    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the server, which has no authentication, to the network."})
+    port: int = field(default=8000, metadata={"help": "TCP port."})
     dtype: str = dtype_field()
     max_batch_size: int = field(default=32, metadata={"help": "Most requests decoding at once."})
     max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."})
