@@ -5,15 +5,15 @@ Built from the source (``ast``), so it sees every import, module-level or inside
 anything. Layers, lowest first (a module may import from its own layer and those below):
 
 0. foundation: the package root, ``_compat``, ``_pypi``, ``heap``, ``kernels``, ``prompting``, ``provenance``,
-   ``checks``, the drafter and length-head configuration/modeling files, ``dflash_format``, ``data``;
+   ``checks``, ``detokenizer``, the drafter and length-head configuration/modeling files, ``dflash_format``, ``data``;
 1. ``decoding``: the speculative-decoding engine;
 2. models, cards and command-line fields: ``targets``, ``drafters``, ``integration``, ``model_card``, ``cli_args``
    (whose target field names the presets);
 3. ``training``: offline drafter and length-head training;
-4. evaluation: ``quality``;
+4. built on trained parts: ``quality`` (task results), ``policies`` (verify-length policies, which read a length head);
 5. ``serving``: the continuous-batching server and its load test;
 6. ``online``: on-line distillation, which runs inside the server's scheduler;
-7. commands: ``bench`` (and ``bench_report``), ``profile``, ``demo``, ``cli``.
+7. commands: ``bench`` (and ``bench_report``), ``profile``, ``serve``, ``demo`` (and ``demo_race``), ``cli``.
 
 Any layer may import a command's config dataclasses (``training.configs``, ``online.configs``): they are torch-free
 and exist so that cards and the CLI can name a command's settings.
@@ -37,6 +37,7 @@ LAYERS = (
         "adaflash_hf.prompting",
         "adaflash_hf.provenance",
         "adaflash_hf.checks",
+        "adaflash_hf.detokenizer",
         "adaflash_hf.configuration_adaflash",
         "adaflash_hf.modeling_adaflash",
         "adaflash_hf.configuration_length_head",
@@ -53,10 +54,18 @@ LAYERS = (
         "adaflash_hf.cli_args",
     ),
     ("adaflash_hf.training",),
-    ("adaflash_hf.quality",),
+    ("adaflash_hf.quality", "adaflash_hf.policies"),
     ("adaflash_hf.serving",),
     ("adaflash_hf.online",),
-    ("adaflash_hf.bench", "adaflash_hf.bench_report", "adaflash_hf.profile", "adaflash_hf.demo", "adaflash_hf.cli"),
+    (
+        "adaflash_hf.bench",
+        "adaflash_hf.bench_report",
+        "adaflash_hf.profile",
+        "adaflash_hf.serve",
+        "adaflash_hf.demo",
+        "adaflash_hf.demo_race",
+        "adaflash_hf.cli",
+    ),
 )
 SHARED_CONFIGS = ("adaflash_hf.training.configs", "adaflash_hf.online.configs")
 # Upward imports in files other engineers are refactoring right now; each entry must still exist (the test fails on a
