@@ -109,6 +109,7 @@ def host_field(what: str) -> typing.Any:
 
 
 def port_field(default: int) -> typing.Any:
+    """The TCP port a server listens on."""
     return field(default=default, metadata={"help": "TCP port."})
 
 
