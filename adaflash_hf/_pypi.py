@@ -52,8 +52,19 @@ def download_wheel(package: str, version: str, dest: Path) -> Path:
         logger.warning("Deleting corrupt wheel %s", existing)
         existing.unlink()
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            f"{package}=={version}",
+            "-d",
+            tmp,
+        ]
         result = subprocess.run(cmd, check=False, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if result.returncode != 0 or not wheels:

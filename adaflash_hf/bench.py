@@ -31,40 +31,128 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
-from .targets import DEFAULT_TARGET, PRESETS
+from .bench_report import plot_results, print_table, summarise
+from .cli_args import (
+    DTYPES,
+    check_choice,
+    command_line,
+    domains_field,
+    drafter_field,
+    dtype_field,
+    encode_prompt,
+    eval_prompts_field,
+    json_field,
+    num_threads_field,
+    target_field,
+)
+from .provenance import code_provenance
+from .targets import DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("target", "target-stock", "adaflash", "adaflash-chain", "adaflash-drafter", "adaflash-suffix", "adaflash-global", "adaflash-datastore",
-           "prompt-lookup", "assisted", "dflash-builtin")
+METHODS = (
+    "target",
+    "target-stock",
+    "adaflash",
+    "adaflash-chain",
+    "adaflash-drafter",
+    "adaflash-suffix",
+    "adaflash-global",
+    "adaflash-datastore",
+    "prompt-lookup",
+    "assisted",
+    "dflash-builtin",
+)
 POSITIONS = 16  # draft positions whose acceptance is recorded (covers the block and suffix matches)
-SOURCE_OF = {"adaflash-drafter": "drafter", "adaflash-suffix": "suffix", "adaflash-global": "global", "adaflash-datastore": "datastore"}
+SOURCE_OF = {
+    "adaflash-drafter": "drafter",
+    "adaflash-suffix": "suffix",
+    "adaflash-global": "global",
+    "adaflash-datastore": "datastore",
+}
 ASSISTANT_FOR = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 
 
 @dataclass
 class BenchArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), folder or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), 'fresh', a folder or a Hub id."})
-    prompts: str = field(default="eval", metadata={"help": "'eval' (held-out preset prompts) or a JSONL file of {prompt, domain}."})
-    domains: str = field(default="code,math,chat,news", metadata={"help": "Comma-separated domains of the preset eval set."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
+    prompts: str = eval_prompts_field()
+    domains: str = domains_field("code,math,chat,news")
     num_prompts: int = field(default=4, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
-    methods: str = field(default="target,adaflash,prompt-lookup,dflash-builtin",
-                         metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."})
-    assistant: str = field(default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."})
+    methods: str = field(
+        default="target,adaflash,prompt-lookup,dflash-builtin",
+        metadata={"help": f"Comma-separated subset of {','.join(METHODS)}."},
+    )
+    assistant: str = field(
+        default="auto", metadata={"help": "Draft model for 'assisted' ('auto': the preset's smaller sibling)."}
+    )
     max_new_tokens: int = field(default=128, metadata={"help": "New tokens per prompt."})
-    verify_len: int | None = field(default=None, metadata={"help": "adaflash methods: tokens verified per round (anchor + drafts), at most the longest proposal; default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths side by side."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice); recorded in the JSON."})
+    verify_len: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "adaflash methods: tokens verified per round (anchor + drafts), at most the longest proposal; "
+                "default: the goodput policy. 'adaflash@N' in --methods sets it per entry, to compare lengths "
+                "side by side."
+            )
+        },
+    )
+    num_threads: int | None = num_threads_field("; recorded in the JSON")
     dtype: str = dtype_field()
-    json: str = field(default="bench.json", metadata={"help": "Where to write the JSON results."})
-    plot: str = field(default="bench.png", metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."})
-    concurrency: str = field(default="", metadata={"help": "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash (default: plain,adaflash@16,adaflash@4,adaflash)."})
-    requests: int = field(default=0, metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 16)."})
-    repeats: int = field(default=1, metadata={"help": "With --concurrency: measured passes per method and level, the methods interleaved in each (throughput: all passes' tokens over their time; latencies pooled)."})
-    quality: bool = field(default=False, metadata={"help": "Task results instead of speed: GSM8K exact match and HumanEval pass@1 of the target decoded plainly and with AdaFlash (greedy, same held-out problems and batches), with token-identical outputs and a paired McNemar test, to show that bf16 near-ties leave results unchanged. Uses --target, --drafter, --dtype, --num-threads and --json."})
-    quality_problems: int = field(default=40, metadata={"help": "With --quality: held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."})
-    quality_max_new_tokens: int = field(default=512, metadata={"help": "With --quality: new tokens per answer (reasoning and code need more than --max-new-tokens)."})
+    json: str = json_field("bench.json")
+    plot: str = field(
+        default="bench.png",
+        metadata={"help": "Where to write the speed-up and per-position acceptance plot ('' to skip)."},
+    )
+    concurrency: str = field(
+        default="",
+        metadata={
+            "help": (
+                "Serve the engine over HTTP and keep this many requests in flight, e.g. 1,4,8,16,32: a "
+                "throughput benchmark of continuous batching whose methods are plain, adaflash@N and adaflash "
+                "(default: plain,adaflash@16,adaflash@4,adaflash)."
+            )
+        },
+    )
+    requests: int = field(
+        default=0,
+        metadata={"help": "With --concurrency: requests per method and level (0: twice the concurrency, at least 16)."},
+    )
+    repeats: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "With --concurrency: measured passes per method and level, the methods interleaved in each "
+                "(throughput: all passes' tokens over their time; latencies pooled)."
+            )
+        },
+    )
+    quality: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Task results instead of speed: GSM8K exact match and HumanEval pass@1 of the target decoded "
+                "plainly and with AdaFlash (greedy, same held-out problems and batches), with token-identical "
+                "outputs and a paired McNemar test, to show that bf16 near-ties leave results unchanged. Uses "
+                "--target, --drafter, --dtype, --num-threads and --json."
+            )
+        },
+    )
+    quality_problems: int = field(
+        default=40,
+        metadata={
+            "help": (
+                "With --quality: held-out problems per task (the eval splits hold 40 GSM8K and 30 HumanEval problems)."
+            )
+        },
+    )
+    quality_max_new_tokens: int = field(
+        default=512,
+        metadata={
+            "help": "With --quality: new tokens per answer (reasoning and code need more than --max-new-tokens)."
+        },
+    )
 
     def __post_init__(self):
         if self.quality:
@@ -96,26 +184,45 @@ class BenchArgs:
             raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (the anchor plus any drafts), or unset.")
         check_choice("--dtype", self.dtype, DTYPES)
         if self.prompts != "eval" and not Path(self.prompts).is_file():
-            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
-                                    "or a JSONL file of {prompt, domain} lines.")
+            raise FileNotFoundError(
+                f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                "or a JSONL file of {prompt, domain} lines."
+            )
 
     def serving_args(self):
         """The :class:`~adaflash_hf.serving.loadtest.ConcurrencyBenchArgs` for ``--concurrency``."""
         from .serving.loadtest import ConcurrencyBenchArgs
 
         methods = self.methods if self.methods != BenchArgs.methods else ConcurrencyBenchArgs.methods
-        return ConcurrencyBenchArgs(target=self.target, drafter=self.drafter, concurrency=self.concurrency, methods=methods,
-                                    requests=self.requests, repeats=self.repeats, prompts=self.prompts,
-                                    max_new_tokens=self.max_new_tokens, domains=self.domains,
-                                    dtype=self.dtype, num_threads=self.num_threads, json=self.json, plot=self.plot)
+        return ConcurrencyBenchArgs(
+            target=self.target,
+            drafter=self.drafter,
+            concurrency=self.concurrency,
+            methods=methods,
+            requests=self.requests,
+            repeats=self.repeats,
+            prompts=self.prompts,
+            max_new_tokens=self.max_new_tokens,
+            domains=self.domains,
+            dtype=self.dtype,
+            num_threads=self.num_threads,
+            json=self.json,
+            plot=self.plot,
+        )
 
     def quality_args(self):
-        """The :class:`~adaflash_hf.quality.QualityArgs` for ``--quality``."""
-        from .quality import QualityArgs
+        """The :class:`~adaflash_hf.quality.command.QualityArgs` for ``--quality``."""
+        from .quality.command import QualityArgs
 
-        return QualityArgs(target=self.target, drafter=self.drafter, problems=self.quality_problems,
-                           max_new_tokens=self.quality_max_new_tokens, dtype=self.dtype, num_threads=self.num_threads,
-                           json=self.json)
+        return QualityArgs(
+            target=self.target,
+            drafter=self.drafter,
+            problems=self.quality_problems,
+            max_new_tokens=self.quality_max_new_tokens,
+            dtype=self.dtype,
+            num_threads=self.num_threads,
+            json=self.json,
+        )
 
     @property
     def method_list(self) -> list[str]:
@@ -139,27 +246,13 @@ class ForwardCounter:
         self.handle.remove()
 
 
-def code_provenance() -> dict:
-    """Which adaflash-hf code produced a result: version, install location and git commit (if any)."""
-    import subprocess
-
-    from . import __version__
-
-    root = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=root, capture_output=True,
-                                    text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
-    return {"version": __version__, "package_dir": str(root), "git_commit": commit or None, "git_dirty": dirty if commit else None}
-
-
 def load_bench_prompts(args: BenchArgs) -> list[dict]:
     try:
         import datasets  # noqa: F401
     except ImportError as error:
-        raise ImportError("adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'") from error
+        raise ImportError(
+            "adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'"
+        ) from error
     if args.prompts == "eval":
         from .data import load_prompts
 
@@ -174,7 +267,7 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
 
 def run_bench(args: BenchArgs) -> int:
     if args.quality:
-        from .quality import run_quality
+        from .quality.command import run_quality
 
         return run_quality(args.quality_args(), command=command_line("bench", args))
     if args.concurrency:
@@ -207,7 +300,9 @@ def run_bench(args: BenchArgs) -> int:
     if "assisted" in bases:
         name = ASSISTANT_FOR.get(args.target) if args.assistant == "auto" else args.assistant
         if name is None:
-            raise ValueError(f"no default draft model for {args.target}; pass --assistant or drop 'assisted' from --methods.")
+            raise ValueError(
+                f"no default draft model for {args.target}; pass --assistant or drop 'assisted' from --methods."
+            )
         assistant, _ = load_target(name, dtype=args.dtype)
     # Each adaflash method learns across prompts (acceptance rates, verify cost, the global index of
     # earlier requests) in its own state, so no method sees another's outputs.
@@ -215,8 +310,13 @@ def run_bench(args: BenchArgs) -> int:
     draftings, policies = {}, {}
     for m in states:
         base, _, verify_arg = m.partition("@")
-        draftings[m] = (DraftingConfig.only(SOURCE_OF[base]) if base in SOURCE_OF
-                        else DraftingConfig(tree_nodes=0) if base == "adaflash-chain" else DraftingConfig())
+        draftings[m] = (
+            DraftingConfig.only(SOURCE_OF[base])
+            if base in SOURCE_OF
+            else DraftingConfig(tree_nodes=0)
+            if base == "adaflash-chain"
+            else DraftingConfig()
+        )
         verify_len = int(verify_arg) if verify_arg else args.verify_len
         if verify_len:
             check_verify_len(verify_len, drafter, draftings[m])
@@ -235,21 +335,36 @@ def run_bench(args: BenchArgs) -> int:
             with stock_linear(target):
                 return target.generate(ids, attention_mask=mask, **common)[0], None
         if method.startswith("adaflash"):
-            out = generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad,
-                           verify_policy=policies[method], drafting=draftings[method], drafting_state=states[method])
+            out = generate(
+                target,
+                drafter,
+                ids,
+                mask,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                verify_policy=policies[method],
+                drafting=draftings[method],
+                drafting_state=states[method],
+            )
             return out.sequences[0, : ids.shape[1] + out.num_new_tokens[0]], out.stats
         if method == "prompt-lookup":
             return target.generate(ids, attention_mask=mask, prompt_lookup_num_tokens=10, **common)[0], None
         if method == "assisted":
             return target.generate(ids, attention_mask=mask, assistant_model=assistant, **common)[0], None
-        return target.generate(ids, attention_mask=mask, assistant_model=drafter, speculation_type="dflash", **common)[0], None
+        return target.generate(ids, attention_mask=mask, assistant_model=drafter, speculation_type="dflash", **common)[
+            0
+        ], None
 
     warm = encode_prompt(tokenizer, "Hello!")
     for method in methods:  # warm-up: first calls pay one-off costs
         run(method, warm)
 
     records = []
-    print(f"[bench] {len(prompts)} prompts x {len(methods)} methods, {args.max_new_tokens} new tokens, {target.dtype}", file=sys.stderr)
+    print(
+        f"[bench] {len(prompts)} prompts x {len(methods)} methods, {args.max_new_tokens} new tokens, {target.dtype}",
+        file=sys.stderr,
+    )
     for i, item in enumerate(prompts):
         ids = encode_prompt(tokenizer, item["prompt"]).to(target.device)
         reference = None
@@ -260,121 +375,45 @@ def run_bench(args: BenchArgs) -> int:
                 sequence, stats = run(method, ids)
             seconds = time.perf_counter() - start
             counter.close()
-            new = sequence[ids.shape[1]:].tolist()
+            new = sequence[ids.shape[1] :].tolist()
             if method == "target":
                 reference = new
-            records.append(dict(method=method, domain=item["domain"], prompt=i, new_tokens=len(new), seconds=seconds,
-                                forwards=counter.calls, drafts=counter.drafts, same=new == reference,
-                                positions=stats.position_counts(POSITIONS) if stats else None,
-                                sources=stats.source_counts() if stats else None))
+            records.append(
+                dict(
+                    method=method,
+                    domain=item["domain"],
+                    prompt=i,
+                    new_tokens=len(new),
+                    seconds=seconds,
+                    forwards=counter.calls,
+                    drafts=counter.drafts,
+                    same=new == reference,
+                    positions=stats.position_counts(POSITIONS) if stats else None,
+                    sources=stats.source_counts() if stats else None,
+                )
+            )
         done = [r for r in records if r["prompt"] == i]
-        print(f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
-              + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done), file=sys.stderr)
+        print(
+            f"[bench] prompt {i + 1}/{len(prompts)} ({item['domain']}): "
+            + ", ".join(f"{r['method']} {r['new_tokens'] / r['seconds']:.1f} tok/s" for r in done),
+            file=sys.stderr,
+        )
 
     results = summarise(records, methods)
     print_table(results)
-    payload = {"command": command_line("bench", args), "args": asdict(args), "device": str(target.device), "dtype": str(target.dtype),
-               "torch_threads": torch.get_num_threads(), "code": code_provenance(), "results": results, "records": records}
+    payload = {
+        "command": command_line("bench", args),
+        "args": asdict(args),
+        "device": str(target.device),
+        "dtype": str(target.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "code": code_provenance(),
+        "results": results,
+        "records": records,
+    }
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot:
         plot_results(records, results, args.plot)
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
     return 0
-
-
-def summarise(records: list[dict], methods: list[str]) -> list[dict]:
-    """One entry per method and domain (and 'all'): throughput, tau, accept rate, speed-up, equality."""
-    results = []
-    domains = sorted({r["domain"] for r in records}) + ["all"]
-    for domain in domains:
-        rows = {m: [r for r in records if r["method"] == m and domain in ("all", r["domain"])] for m in methods}
-        base_tps = sum(r["new_tokens"] for r in rows["target"]) / sum(r["seconds"] for r in rows["target"])
-        for method in methods:
-            group = rows[method]
-            tokens = sum(r["new_tokens"] for r in group)
-            seconds = sum(r["seconds"] for r in group)
-            forwards = sum(r["forwards"] for r in group)
-            drafts = sum(r["drafts"] for r in group)
-            accepted = tokens - forwards
-            tps = tokens / seconds
-            acceptance = pooled_position_acceptance(group)
-            results.append(dict(
-                method=method, domain=domain, num_prompts=len(group), new_tokens=tokens,
-                tokens_per_second=round(tps, 3), mean_accepted_length=round(tokens / forwards, 3),
-                accept_rate=round(max(accepted, 0) / drafts, 4) if drafts else None,
-                speedup=round(tps / base_tps, 3), same_as_target=round(sum(r["same"] for r in group) / len(group), 3),
-                position_acceptance=acceptance, sources=pooled_sources(group),
-            ))
-    return results
-
-
-def pooled_sources(records: list[dict]) -> dict[str, dict] | None:
-    """Per draft source: the fraction of rounds that used it and the drafts it got accepted per round."""
-    counts: dict[str, list[int]] = {}
-    for r in records:
-        for source, (rounds, accepted) in (r.get("sources") or {}).items():
-            total = counts.setdefault(source, [0, 0])
-            total[0] += rounds
-            total[1] += accepted
-    if not counts:
-        return None
-    all_rounds = sum(n for n, _ in counts.values())
-    return {source: {"round_fraction": round(n / all_rounds, 4), "accepted_per_round": round(a / n, 3)}
-            for source, (n, a) in sorted(counts.items())}
-
-
-def pooled_position_acceptance(records: list[dict]) -> list[float | None] | None:
-    """P(accept draft k | verified k) pooled over records' (hits, seen) counts; None where k was never verified."""
-    counts = [r["positions"] for r in records if r.get("positions")]
-    if not counts:
-        return None
-    hits = [sum(c[0][k] for c in counts) for k in range(len(counts[0][0]))]
-    seen = [sum(c[1][k] for c in counts) for k in range(len(counts[0][1]))]
-    return [round(h / s, 4) if s else None for h, s in zip(hits, seen)]
-
-
-def print_table(results: list[dict]) -> None:
-    header = (f"{'domain':<8} {'method':<18} {'prompts':>7} {'tokens':>7} {'tok/s':>7} {'tau':>6} {'accept':>7} {'speedup':>8} {'same':>5}"
-              "  sources (share of rounds / drafts accepted per round)")
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        accept = "-" if r["accept_rate"] is None else f"{r['accept_rate']:.2f}"
-        sources = " ".join(f"{k}:{v['round_fraction']:.0%}/{v['accepted_per_round']:.2f}" for k, v in (r.get("sources") or {}).items())
-        print(f"{r['domain']:<8} {r['method']:<18} {r['num_prompts']:>7} {r['new_tokens']:>7} {r['tokens_per_second']:>7.2f} "
-              f"{r['mean_accepted_length']:>6.2f} {accept:>7} {r['speedup']:>7.2f}x {r['same_as_target']:>5.2f}  {sources}")
-
-
-def plot_results(records: list[dict], results: list[dict], path: str) -> None:
-    """Two panels: speed-up over the target per method and domain; AdaFlash acceptance by draft position."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    domains = sorted({r["domain"] for r in results})
-    methods = [m for m in dict.fromkeys(r["method"] for r in results)]
-    width = 0.8 / len(methods)
-    for j, method in enumerate(methods):
-        values = [next(r["speedup"] for r in results if r["method"] == method and r["domain"] == d) for d in domains]
-        left.bar([i + j * width for i in range(len(domains))], values, width, label=method)
-    left.axhline(1.0, color="black", linewidth=0.8)
-    left.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
-    left.set_ylabel("speed-up over target (tokens/s ratio)")
-    left.legend(fontsize=8)
-    ours = next((m for m in methods if m.startswith("adaflash")), None)  # one curve set: verify lengths cut curves short
-    for domain in sorted({r["domain"] for r in records}):
-        pooled = pooled_position_acceptance([r for r in records if r["domain"] == domain and r["method"] == ours])
-        if pooled:
-            points = [(k + 1, a) for k, a in enumerate(pooled) if a is not None]  # positions never verified are left out
-            right.plot([k for k, _ in points], [a for _, a in points], marker="o", label=domain)
-    right.set_xlabel("draft position k")
-    right.set_ylabel("P(accept k | reached k)")
-    right.set_ylim(0, 1)
-    right.set_title(f"{ours} acceptance by position" if ours else "AdaFlash acceptance by position")
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

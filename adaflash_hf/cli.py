@@ -20,8 +20,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .cli_args import DTYPES, add_dataclass_arguments, check_choice, dataclass_from_args, dtype_field, encode_prompt
-from .targets import DEFAULT_TARGET, PRESETS
+from .cli_args import (
+    DTYPES,
+    add_dataclass_arguments,
+    check_choice,
+    dataclass_from_args,
+    drafter_field,
+    dtype_field,
+    encode_prompt,
+    seed_field,
+    target_field,
+)
+from .targets import DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
@@ -50,31 +60,66 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "generate": Command("adaflash_hf.cli:GenerateArgs", "adaflash_hf.cli:run_generate",
-                        "Generate from a prompt with speculative decoding, streaming text."),
-    "bench": Command("adaflash_hf.bench:BenchArgs", "adaflash_hf.bench:run_bench",
-                     "Benchmark decoding methods side by side; prints a table, writes JSON."),
-    "profile": Command("adaflash_hf.profile:ProfileArgs", "adaflash_hf.profile:run_profile",
-                       "Where the time of one speculative round goes, against one plain decode step."),
-    "serve": Command("adaflash_hf.serve:ServeArgs", "adaflash_hf.serve:run_serve",
-                     "Serve the target over an OpenAI-compatible HTTP API (localhost by default), with continuous batching."),
-    "generate-data": Command("adaflash_hf.training.configs:GenerateDataConfig", "adaflash_hf.training.data:generate_data",
-                             "Cache the target's own greedy responses to training prompts (resumable), for train-drafter."),
-    "cache-features": Command("adaflash_hf.training.configs:CacheFeaturesConfig", "adaflash_hf.training.features:cache_features",
-                              "Run the target once over the cached responses and keep the drafter's context on disk (resumable)."),
-    "prepare-drafter": Command("adaflash_hf.training.configs:PrepareDrafterConfig", "adaflash_hf.training.vocab:run_prepare_drafter",
-                               "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter."),
-    "train-drafter": Command("adaflash_hf.training.configs:TrainDrafterConfig", "adaflash_hf.training.trainer:train_drafter",
-                             "Train a drafter for a target (DFlash recipe), with checkpoints and resume."),
-    "bench-opd": Command("adaflash_hf.online.bench_opd:BenchOPDArgs", "adaflash_hf.online.bench_opd:run_bench_opd",
-                         "On-line distillation under domain shift: τ over live requests, tokens/s with OPD on and off."),
-    "soak-opd": Command("adaflash_hf.online.soak:SoakArgs", "adaflash_hf.online.soak:run_soak",
-                        "Reliability soak: serving with OPD, adapter swaps and injected faults; checks every request."),
-    "train-length-head": Command("adaflash_hf.training.configs:TrainLengthHeadConfig",
-                                 "adaflash_hf.training.length_head:train_length_head",
-                                 "Train the adaptive verify-length head from the engine's acceptance records."),
-    "demo": Command("adaflash_hf.demo:DemoArgs", "adaflash_hf.demo:run_demo",
-                    "Start the Gradio demo (plain vs AdaFlash side by side), bound to localhost."),
+    "generate": Command(
+        "adaflash_hf.cli:GenerateArgs",
+        "adaflash_hf.cli:run_generate",
+        "Generate from a prompt with speculative decoding, streaming text.",
+    ),
+    "bench": Command(
+        "adaflash_hf.bench:BenchArgs",
+        "adaflash_hf.bench:run_bench",
+        "Benchmark decoding methods side by side; prints a table, writes JSON.",
+    ),
+    "profile": Command(
+        "adaflash_hf.profile:ProfileArgs",
+        "adaflash_hf.profile:run_profile",
+        "Where the time of one speculative round goes, against one plain decode step.",
+    ),
+    "serve": Command(
+        "adaflash_hf.serve:ServeArgs",
+        "adaflash_hf.serve:run_serve",
+        "Serve the target over an OpenAI-compatible HTTP API (localhost by default), with continuous batching.",
+    ),
+    "cache-features": Command(
+        "adaflash_hf.training.configs:CacheFeaturesConfig",
+        "adaflash_hf.training.features:cache_features",
+        "Run the target once over the cached responses and keep the drafter's context on disk (resumable).",
+    ),
+    "generate-data": Command(
+        "adaflash_hf.training.configs:GenerateDataConfig",
+        "adaflash_hf.training.data:generate_data",
+        "Cache the target's own greedy responses to training prompts (resumable), for train-drafter.",
+    ),
+    "prepare-drafter": Command(
+        "adaflash_hf.training.configs:PrepareDrafterConfig",
+        "adaflash_hf.training.vocab:run_prepare_drafter",
+        "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter.",
+    ),
+    "train-drafter": Command(
+        "adaflash_hf.training.configs:TrainDrafterConfig",
+        "adaflash_hf.training.trainer:train_drafter",
+        "Train a drafter for a target (DFlash recipe), with checkpoints and resume.",
+    ),
+    "bench-opd": Command(
+        "adaflash_hf.online.bench_opd:BenchOPDArgs",
+        "adaflash_hf.online.bench_opd:run_bench_opd",
+        "On-line distillation under domain shift: τ over live requests, tokens/s with OPD on and off.",
+    ),
+    "soak-opd": Command(
+        "adaflash_hf.online.soak:SoakArgs",
+        "adaflash_hf.online.soak:run_soak",
+        "Reliability soak: serving with OPD, adapter swaps and injected faults; checks every request.",
+    ),
+    "train-length-head": Command(
+        "adaflash_hf.training.configs:TrainLengthHeadConfig",
+        "adaflash_hf.training.length_head:train_length_head",
+        "Train the adaptive verify-length head from the engine's acceptance records.",
+    ),
+    "demo": Command(
+        "adaflash_hf.demo:DemoArgs",
+        "adaflash_hf.demo:run_demo",
+        "Start the Gradio demo (plain vs AdaFlash side by side), bound to localhost.",
+    ),
 }
 
 
@@ -102,17 +147,43 @@ def available_commands() -> dict[str, Command]:
 
 @dataclass
 class GenerateArgs:
-    prompt: str = field(default="Write a Python function that checks whether a number is prime.",
-                        metadata={"help": "User message (the chat template is applied when the tokenizer has one)."})
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
+    prompt: str = field(
+        default="Write a Python function that checks whether a number is prime.",
+        metadata={"help": "User message (the chat template is applied when the tokenizer has one)."},
+    )
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
     max_new_tokens: int = field(default=128, metadata={"help": "Tokens to generate."})
     dtype: str = dtype_field()
-    verify_len: int | None = field(default=None, metadata={"help": "Tokens the target verifies per round (anchor + drafts), at most the longest proposal; default: chosen per round for the most expected tokens per second."})
-    sources: str = field(default="drafter,suffix,global,datastore", metadata={"help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, datastore)."})
-    tree_nodes: int | None = field(default=None, metadata={"help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single best candidate; default: the library's (DraftingConfig.tree_nodes)."})
+    verify_len: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Tokens the target verifies per round (anchor + drafts), at most the longest proposal; default: "
+                "chosen per round for the most expected tokens per second."
+            )
+        },
+    )
+    sources: str = field(
+        default="drafter,suffix,global,datastore",
+        metadata={
+            "help": (
+                "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, "
+                "global, datastore)."
+            )
+        },
+    )
+    tree_nodes: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the "
+                "single best candidate; default: the library's (DraftingConfig.tree_nodes)."
+            )
+        },
+    )
     temperature: float = field(default=0.0, metadata={"help": "0 for greedy; > 0 samples (still lossless)."})
-    seed: int = field(default=0, metadata={"help": "Seed for sampling."})
+    seed: int = seed_field("sampling")
     compare_plain: bool = field(default=False, metadata={"help": "Also run the target alone and report the speed-up."})
     raw: bool = field(default=False, metadata={"help": "Use the prompt as raw text, without the chat template."})
 
@@ -150,34 +221,63 @@ def run_generate(args: GenerateArgs) -> int:
     if args.verify_len is not None:
         check_verify_len(args.verify_len, drafter, drafting)
     layers = drafter.config.num_hidden_layers
-    print(f"[adaflash] target {args.target} ({target.dtype}), drafter {args.drafter} (block {drafter.config.block_size}, "
-          f"{layers} layer{'s' if layers != 1 else ''}); loaded in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    print(
+        f"[adaflash] target {args.target} ({target.dtype}), drafter {args.drafter} (block {drafter.config.block_size}, "
+        f"{layers} layer{'s' if layers != 1 else ''}); loaded in {time.perf_counter() - start:.1f}s",
+        file=sys.stderr,
+    )
     input_ids = encode_prompt(tokenizer, args.prompt, args.raw).to(target.device)
     sampling = dict(do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_k=None, top_p=None)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     if args.compare_plain:  # warm both paths up on another prompt: first calls pay one-off costs
         warm = encode_prompt(tokenizer, "Hi!").to(target.device)
         generate(target, drafter, warm, max_new_tokens=8, **sampling)
-        target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, pad_token_id=tokenizer.pad_token_id, **sampling)
+        target.generate(
+            warm,
+            attention_mask=torch.ones_like(warm),
+            max_new_tokens=8,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
+        )
     start = time.perf_counter()
-    out = generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                   verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None, drafting=drafting,
-                   tokenizer=tokenizer, generator=torch.Generator().manual_seed(args.seed), **sampling)
+    out = generate(
+        target,
+        drafter,
+        input_ids,
+        max_new_tokens=args.max_new_tokens,
+        streamer=streamer,
+        verify_policy=FixedVerifyLength(args.verify_len) if args.verify_len else None,
+        drafting=drafting,
+        tokenizer=tokenizer,
+        generator=torch.Generator().manual_seed(args.seed),
+        **sampling,
+    )
     seconds = time.perf_counter() - start
     n = out.num_new_tokens[0]
     sources = ", ".join(f"{s} {r}" for s, (r, _) in sorted(out.stats.source_counts().items()))
-    print(f"\n[adaflash] {n} tokens in {seconds:.2f}s = {n / seconds:.1f} tok/s | tau {out.mean_accepted_length:.2f} | "
-          f"accept rate {out.accept_rate:.2f} | {out.stats.num_rounds} rounds ({sources})", file=sys.stderr)
+    print(
+        f"\n[adaflash] {n} tokens in {seconds:.2f}s = {n / seconds:.1f} tok/s | tau {out.mean_accepted_length:.2f} | "
+        f"accept rate {out.accept_rate:.2f} | {out.stats.num_rounds} rounds ({sources})",
+        file=sys.stderr,
+    )
     if args.compare_plain:
         start = time.perf_counter()
-        plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=args.max_new_tokens,
-                                pad_token_id=tokenizer.pad_token_id, **sampling)
+        plain = target.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=args.max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
+        )
         plain_seconds = time.perf_counter() - start
         m = plain.shape[1] - input_ids.shape[1]
         ours = out.sequences[0, : input_ids.shape[1] + n].tolist()
         same = plain[0].tolist() == ours
-        print(f"[plain]    {m} tokens in {plain_seconds:.2f}s = {m / plain_seconds:.1f} tok/s | "
-              f"speed-up {(n / seconds) / (m / plain_seconds):.2f}x | identical output: {same}", file=sys.stderr)
+        print(
+            f"[plain]    {m} tokens in {plain_seconds:.2f}s = {m / plain_seconds:.1f} tok/s | "
+            f"speed-up {(n / seconds) / (m / plain_seconds):.2f}x | identical output: {same}",
+            file=sys.stderr,
+        )
         if not same and not sampling["do_sample"]:
             explain_difference(target, plain[0].tolist(), ours, input_ids.shape[1])
     return 0
@@ -191,10 +291,12 @@ def explain_difference(target, plain: list[int], ours: list[int], prompt_len: in
     with torch.inference_mode():
         logits = target(torch.tensor([plain[:first]], device=target.device)).logits[0, -1].float()
     top = logits.topk(2).values
-    print(f"[plain]    outputs first differ at new token {first - prompt_len}, where the target's two best logits are "
-          f"{top[0]:.3f} and {top[1]:.3f} (gap {top[0] - top[1]:.3f}): a near-tie that {target.dtype} rounds differently "
-          "in a multi-token verification pass than in one-token decoding. Use --dtype fp32 for a bit-exact comparison.",
-          file=sys.stderr)
+    print(
+        f"[plain]    outputs first differ at new token {first - prompt_len}, where the target's two best logits are "
+        f"{top[0]:.3f} and {top[1]:.3f} (gap {top[0] - top[1]:.3f}): a near-tie that {target.dtype} rounds differently "
+        "in a multi-token verification pass than in one-token decoding. Use --dtype fp32 for a bit-exact comparison.",
+        file=sys.stderr,
+    )
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -205,7 +307,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, entry in available_commands().items():
         command_parser = sub.add_parser(name, help=entry.help, description=entry.help)
         if name == command:
-            command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            command_parser.add_argument(
+                "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+            )
             try:
                 config_class = entry.load("config")
             except ImportError as error:
@@ -248,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         summary = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        print(f"error: unexpected {type(error).__name__}: {summary} (run with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"error: unexpected {type(error).__name__}: {summary} (run with --debug for the traceback)", file=sys.stderr
+        )
         return 1
 
 

@@ -22,7 +22,11 @@ def save_dflash_checkpoint(drafter: AdaFlashDrafter, path: str | Path, dtype: to
     config = drafter.config.to_dflash_dict()
     config["dtype"] = str(dtype).removeprefix("torch.")
     # A reduced draft vocabulary is adaflash-hf's own addition: DFlash readers expect none.
-    tensors = {name: t.detach().to(dtype).contiguous().cpu() for name, t in drafter.state_dict().items() if name != "draft_vocab"}
+    tensors = {
+        name: t.detach().to(dtype).contiguous().cpu()
+        for name, t in drafter.state_dict().items()
+        if name != "draft_vocab"
+    }
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path

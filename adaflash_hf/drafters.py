@@ -7,8 +7,10 @@ Bundled drafters (trained by adaflash-hf for the preset targets) ship inside the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel
 
 from .decoding.proposers import DATASTORE_FILE, PRIOR_FILE, load_acceptance_prior, load_datastore
@@ -29,7 +31,9 @@ def bundled_drafter_path(target_name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | None = None, datastore: bool = True) -> AdaFlashDrafter:
+def load_drafter(
+    name_or_path: str, target: PreTrainedModel, target_name: str | None = None, datastore: bool = True
+) -> AdaFlashDrafter:
     """Resolve ``name_or_path`` to a drafter on the target's device and dtype.
 
     ``"auto"``: the bundled drafter for preset ``target_name``, else a fresh (untrained) one;
@@ -42,7 +46,9 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
     if name_or_path == "auto":
         path = bundled_drafter_path(target_name) if target_name else None
         if path is None:
-            logger.warning("No bundled drafter for %r: using a fresh, untrained drafter (lossless, little speed-up).", target_name)
+            logger.warning(
+                "No bundled drafter for %r: using a fresh, untrained drafter (lossless, little speed-up).", target_name
+            )
             name_or_path = "fresh"
         else:
             name_or_path = str(path)
@@ -56,11 +62,15 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
             if Path(source).is_dir():
                 raise
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise OSError(f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}") from error
+            raise OSError(
+                f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}"
+            ) from error
         path = _drafter_file(name_or_path, DATASTORE_FILE) if datastore else None
         if path is not None:
             drafter.adaflash_datastore = load_datastore(path)
-            logger.info("datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path)
+            logger.info(
+                "datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path
+            )
         path = _drafter_file(name_or_path, RETENTION_FILE)
         if path is not None:  # read by OPD only (its retention check), so it is not opened here
             drafter.adaflash_retention_file = str(path)
@@ -75,9 +85,13 @@ def load_drafter(name_or_path: str, target: PreTrainedModel, target_name: str | 
 
 def _drafter_source(name_or_path: str) -> str:
     """A local drafter folder or a Hub id, checked so that a typo gets an error that says what is accepted."""
-    bundled = sorted(p.parent.name for p in BUNDLED_DIR.glob("*/config.json") if not p.parent.name.endswith(LENGTH_HEAD_SUFFIX))
-    accepted = (f"a drafter is 'auto' (the bundled drafter of a preset target: {', '.join(bundled) or 'none installed'}), "
-                "'fresh' (untrained, sized for the target), a local folder with config.json, or a Hub id (owner/name)")
+    bundled = sorted(
+        p.parent.name for p in BUNDLED_DIR.glob("*/config.json") if not p.parent.name.endswith(LENGTH_HEAD_SUFFIX)
+    )
+    accepted = (
+        f"a drafter is 'auto' (the bundled drafter of a preset target: {', '.join(bundled) or 'none installed'}), "
+        "'fresh' (untrained, sized for the target), a local folder with config.json, or a Hub id (owner/name)"
+    )
     return checkpoint_source(name_or_path, "drafter", accepted)
 
 
@@ -108,3 +122,45 @@ def _drafter_file(name_or_path: str, filename: str) -> Path | None:
         return Path(hf_hub_download(name_or_path, filename))
     except (EntryNotFoundError, LocalEntryNotFoundError):
         return None
+
+
+def save_retention_samples(samples: Sequence[tuple[Sequence[int], int]], path) -> None:
+    """Write ``(tokens, prompt_len)`` samples (a prompt and the target's response) as a drafter folder's
+    ``retention.safetensors``: flat int32 ``ids``, ``lengths`` and ``starts`` (where each response begins)."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {
+            "ids": torch.tensor([t for tokens, _ in samples for t in tokens], dtype=torch.int32),
+            "lengths": torch.tensor([len(tokens) for tokens, _ in samples], dtype=torch.int64),
+            "starts": torch.tensor([start for _, start in samples], dtype=torch.int64),
+        },
+        str(path),
+    )
+
+
+def load_retention_samples(path) -> list[tuple[list[int], int]]:
+    """The ``(tokens, prompt_len)`` samples of a ``retention.safetensors`` file; a clear error when it is unusable."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+        if {"ids", "lengths", "starts"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["ids"].numel():
+            raise ValueError(
+                "it needs flat 'ids', the 'lengths' of its samples (summing to its size) and their 'starts'"
+            )
+        samples = [
+            (s.tolist(), int(start))
+            for s, start in zip(
+                torch.split(tensors["ids"].long(), tensors["lengths"].tolist()), tensors["starts"].tolist()
+            )
+        ]
+        if any(not 1 <= start < len(tokens) for tokens, start in samples):
+            raise ValueError("every sample needs a prompt and a response (0 < start < length)")
+    except (SafetensorError, ValueError) as error:
+        raise OSError(
+            f"The retention samples {path} cannot be read ({error}): rebuild them (adaflash prepare-drafter) "
+            "or delete the file (OPD then checks on the datastore's responses)."
+        ) from error
+    return samples

@@ -3,7 +3,7 @@
 bf16: torch's ``F.linear`` on a CPU hands oneDNN the weight in its plain (out, in) layout, and the
 kernel lays it out afresh for its blocking on every call. At decoding's shapes (a few tokens against
 every weight of the model) that is a large share of a step: SmolLM2-135M, bf16, 2 threads, one token
-42 -> 30 ms, sixteen tokens 76 -> 66 ms (``docs/research-log.md``, 2026-12-01, no mask; through
+42 -> 30 ms, sixteen tokens 76 -> 66 ms (``docs/research-log.md``, no mask; through
 ``generate`` the gain is smaller, and ``adaflash bench`` times the stock kernels as ``target-stock`` beside
 the packed target's ``target``). Packing each weight once, as torch's own inductor does when it freezes a
 CPU graph, gives bit-identical outputs (the same kernel on the same numbers; ``tests/test_kernels.py``
@@ -11,10 +11,11 @@ checks whole models) and makes plain decoding and speculative rounds alike cheap
 
 fp32: stock ``F.linear`` goes to MKL's sgemm, which on AMD CPUs without AVX-512 is slow for a few rows
 (SmolLM2's 49k-row lm_head: 12.6 ms for one token and 32.1 ms for sixteen against oneDNN's packed
-6.2 and 12.8 ms on a 2-core Zen 2 EPYC with AVX2; ``docs/research-log.md``, 2026-12-02). oneDNN's packed
+6.2 and 12.8 ms on a 2-core Zen 2 EPYC with AVX2; ``docs/research-log.md``). oneDNN's packed
 fp32 kernel computes the same products in another order: outputs agree to fp32 rounding (logits within
-1e-4 on SmolLM2; ``docs/research-log.md``, 2026-12-02), not bit for bit, with stock. Plain decoding and verification both run through the packed
-model, so speculative output still equals that model's own output.
+1e-4 on SmolLM2; ``docs/research-log.md``), not bit for bit, with stock. Plain
+decoding and verification both run through the packed model, so speculative output still equals that model's
+own output.
 
 Both are packed only where the packed kernel measures faster on this CPU (:func:`packing_pays`) and
 the packed copy fits in half of the memory still available (:func:`available_memory_bytes`): a 7B fp32 model
@@ -52,7 +53,9 @@ def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     if dtype not in PACKED_DTYPES:
         return False
     try:
-        ok = torch.backends.mkldnn.is_available() and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        ok = torch.backends.mkldnn.is_available() and (
+            dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
         if ok:
             weight = torch.zeros(8, 8, dtype=dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT)
@@ -78,7 +81,8 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 
 def use_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a packed copy of ``weight`` may serve this call (no autograd, bf16 or fp32 on the CPU, input of the weight's dtype)."""
+    """Whether a packed copy of ``weight`` may serve this call (no autograd, bf16 or fp32 on the CPU, input of the
+    weight's dtype)."""
     return not torch.is_grad_enabled() and x.dtype == weight.dtype and x.device.type == "cpu" and can_pack(weight)
 
 
@@ -127,14 +131,17 @@ def median_ms(fn, repeats: int = 7) -> float:
 
 @torch.inference_mode()
 def packing_pays(weight: torch.Tensor, tokens: tuple[int, ...] = (1, 8)) -> bool:
-    """Whether the packed kernel beats ``F.linear`` on this weight at decoding's token counts (timed, median of 7 calls each)."""
+    """Whether the packed kernel beats ``F.linear`` on this weight at decoding's token counts (timed, median of 7
+    calls each)."""
     packed = pack_weight(weight)
     for n in tokens:
         x = torch.randn(1, n, weight.shape[1], dtype=weight.dtype)
         stock = median_ms(lambda x=x: F.linear(x, weight))
         fast = median_ms(lambda x=x: packed_linear(x, packed, None))
         if fast > 0.95 * stock:
-            logger.info("packed %s linear not faster here (%d tokens: %.3f ms vs %.3f ms)", weight.dtype, n, fast, stock)
+            logger.info(
+                "packed %s linear not faster here (%d tokens: %.3f ms vs %.3f ms)", weight.dtype, n, fast, stock
+            )
             return False
     return True
 
@@ -168,9 +175,14 @@ def pack_linear_weights(model: torch.nn.Module, check_speed: bool = True) -> int
         new_bytes = sum(m.weight.nbytes for m in layers if not isinstance(m, PackedLinear) or m.packed is None)
         available = available_memory_bytes()
         if available is not None and new_bytes > available // 2:
-            logger.warning("not packing %d %s linear weights: their packed copy (%.1f GB) would not fit in half of "
-                           "the available memory (%.1f GB); forwards use the stock kernels", len(layers), dtype,
-                           new_bytes / 1e9, available / 1e9)
+            logger.warning(
+                "not packing %d %s linear weights: their packed copy (%.1f GB) would not fit in half of "
+                "the available memory (%.1f GB); forwards use the stock kernels",
+                len(layers),
+                dtype,
+                new_bytes / 1e9,
+                available / 1e9,
+            )
             continue
         if check_speed and not packing_pays(max((m.weight for m in layers), key=torch.Tensor.numel)):
             continue

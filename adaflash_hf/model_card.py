@@ -130,7 +130,7 @@ def drafter_card(config: dict, summary: dict, bench: dict | None = None, repo_id
     an ``adaflash bench`` JSON (its ``adaflash`` rows), ``draft_data`` (draft_vocab.json) and ``prior``
     (acceptance_prior.json)."""
     from .cli_args import command_line
-    from .training.trainer import TrainDrafterConfig
+    from .training.configs import TrainDrafterConfig
 
     recipe = summary.get("recipe", {})
     target = recipe.get("target", "unknown")
@@ -237,7 +237,7 @@ LENGTH_HEAD_BASELINES = ("length_head", "engine_estimator", "estimator_features_
 def length_head_card(config: dict, summary: dict, name: str | None = None) -> ModelCard:
     """Card of a length-head folder: ``config`` (config.json) and the held-out numbers of ``summary`` (nothing else)."""
     from .cli_args import command_line
-    from .training.length_head import TrainLengthHeadConfig
+    from .training.configs import TrainLengthHeadConfig
 
     recipe = summary["recipe"]
     target = recipe["target"]

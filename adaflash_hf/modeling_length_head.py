@@ -77,32 +77,41 @@ class AdaFlashLengthHead(PreTrainedModel):
         num_drafts = self.config.num_drafts
         if draft_hidden_states.shape[1:] != (num_drafts + 1, self.config.hidden_size):
             raise ValueError(
-                f"the length head expects drafter hidden states of shape (b, {num_drafts + 1}, {self.config.hidden_size}) "
+                f"the length head expects drafter hidden states of shape (b, {num_drafts + 1}, "
+                f"{self.config.hidden_size}) "
                 f"(block size {self.config.block_size}, hidden size {self.config.hidden_size}), got "
                 f"{tuple(draft_hidden_states.shape)}: load the head that was trained for this drafter."
             )
         if prior_rates.shape != (draft_hidden_states.shape[0], num_drafts):
-            raise ValueError(f"prior_rates must have shape (b, {num_drafts}) = one rate per draft, got {tuple(prior_rates.shape)}.")
+            raise ValueError(
+                f"prior_rates must have shape (b, {num_drafts}) = one rate per draft, got {tuple(prior_rates.shape)}."
+            )
         x = draft_hidden_states.to(self.dtype)
         block = x.mean(1, keepdim=True).expand(-1, num_drafts, -1)  # (b, B-1, H)
         features = self.input_norm(torch.cat([block, x[:, 1:]], dim=-1))  # (b, B-1, 2H)
-        prior = torch.logit(prior_rates.to(device=x.device, dtype=self.dtype).clamp(1e-4, 1 - 1e-4))[..., None]  # (b, B-1, 1)
+        prior = torch.logit(prior_rates.to(device=x.device, dtype=self.dtype).clamp(1e-4, 1 - 1e-4))[
+            ..., None
+        ]  # (b, B-1, 1)
         positions = torch.arange(num_drafts, device=x.device)
-        h = self.act(self.proj(torch.cat([features, prior], dim=-1)) + self.position_embedding(positions))  # (b, B-1, D)
+        h = self.act(
+            self.proj(torch.cat([features, prior], dim=-1)) + self.position_embedding(positions)
+        )  # (b, B-1, D)
         h = h + self.act(self.residual(h))
         logits = self.out(h).squeeze(-1)  # (b, B-1)
         return AdaFlashLengthHeadOutput(logits=logits, rates=torch.sigmoid(logits))
 
     @torch.no_grad()
-    def expected_accepted_length(self, draft_hidden_states: torch.Tensor, prior_rates: torch.Tensor,
-                                 num_drafts: int | None = None) -> torch.Tensor:
+    def expected_accepted_length(
+        self, draft_hidden_states: torch.Tensor, prior_rates: torch.Tensor, num_drafts: int | None = None
+    ) -> torch.Tensor:
         """E[accepted drafts] (b,) when ``num_drafts`` (default: all B-1) are verified: sum_k prod_{j<=k} a_j."""
         rates = self(draft_hidden_states, prior_rates).rates.float()[:, :num_drafts]
         return rates.cumprod(-1).sum(-1)
 
     @torch.no_grad()
-    def adaflash_verify_len(self, draft_hidden_states: torch.Tensor, prior_rates: torch.Tensor, scale: float = 1.3,
-                            min_len: int = 1) -> torch.Tensor:
+    def adaflash_verify_len(
+        self, draft_hidden_states: torch.Tensor, prior_rates: torch.Tensor, scale: float = 1.3, min_len: int = 1
+    ) -> torch.Tensor:
         """AdaFlash's rule (b,) long: clamp(round((1 + E[accepted]) * scale), min_len, B).
 
         AdaFlash's head predicts (accepted + 1) / B and verifies round(pred * B * 1.3) tokens; here

@@ -19,8 +19,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli_args import DTYPES, check_choice, command_line, dtype_field, encode_prompt
-from .targets import DEFAULT_TARGET, PRESETS
+from .cli_args import (
+    DTYPES,
+    check_choice,
+    command_line,
+    domains_field,
+    drafter_field,
+    dtype_field,
+    encode_prompt,
+    eval_prompts_field,
+    json_field,
+    num_threads_field,
+    target_field,
+)
+from .targets import DEFAULT_TARGET
 
 if TYPE_CHECKING:
     import torch
@@ -28,15 +40,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class ProfileArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), folder or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), a folder or a Hub id."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
     dtype: str = dtype_field()
-    prompts: str = field(default="eval", metadata={"help": "'eval' (held-out preset prompts) or a JSONL file of {prompt, domain}."})
-    domains: str = field(default="code,math,chat", metadata={"help": "Comma-separated domains of the preset eval set."})
+    prompts: str = eval_prompts_field()
+    domains: str = domains_field("code,math,chat")
     num_prompts: int = field(default=2, metadata={"help": "Prompts per domain (preset eval set) or in total (JSONL)."})
     max_new_tokens: int = field(default=96, metadata={"help": "New tokens per prompt."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
-    json: str = field(default="profile.json", metadata={"help": "Where to write the JSON results."})
+    num_threads: int | None = num_threads_field()
+    json: str = json_field("profile.json")
 
     def __post_init__(self):
         if self.num_prompts < 1:
@@ -47,8 +59,10 @@ class ProfileArgs:
             raise ValueError(f"--num-threads must be >= 1, got {self.num_threads}.")
         check_choice("--dtype", self.dtype, DTYPES)
         if self.prompts != "eval" and not Path(self.prompts).is_file():
-            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
-                                    "or a JSONL file of {prompt, domain} lines.")
+            raise FileNotFoundError(
+                f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                "or a JSONL file of {prompt, domain} lines."
+            )
 
 
 def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: int = 9) -> dict[int, float]:
@@ -78,8 +92,9 @@ def run_profile(args: ProfileArgs) -> int:
     import torch
 
     from . import DraftingConfig, DraftingState, FixedVerifyLength, generate, load_target
-    from .bench import code_provenance, load_bench_prompts
+    from .bench import load_bench_prompts
     from .drafters import load_drafter
+    from .provenance import code_provenance
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
@@ -89,7 +104,9 @@ def run_profile(args: ProfileArgs) -> int:
     pad = tokenizer.pad_token_id
     warm = encode_prompt(tokenizer, "Hi!")
     configs = {
-        "drafter block only (whole block)": dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength()),
+        "drafter block only (whole block)": dict(
+            drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength()
+        ),
         "suffix matches only": dict(drafting=DraftingConfig.only("suffix")),
         "hybrid (default)": dict(drafting=DraftingConfig()),
     }
@@ -113,34 +130,55 @@ def run_profile(args: ProfileArgs) -> int:
             total["tokens"] += out.num_new_tokens[0]
         rounds = total["rounds"]
         rows[name] = {
-            "rounds": rounds, "tokens_per_round": round(total["tokens"] / (rounds + len(prompts)), 3),
-            "propose_ms": round(total["draft"] / rounds * 1e3, 2), "verify_ms": round(total["verify"] / rounds * 1e3, 2),
+            "rounds": rounds,
+            "tokens_per_round": round(total["tokens"] / (rounds + len(prompts)), 3),
+            "propose_ms": round(total["draft"] / rounds * 1e3, 2),
+            "verify_ms": round(total["verify"] / rounds * 1e3, 2),
             "other_ms": round((total["wall"] - total["prefill"] - total["draft"] - total["verify"]) / rounds * 1e3, 2),
             "round_ms": round((total["wall"] - total["prefill"]) / rounds * 1e3, 2),
             "tokens_per_second": round(total["tokens"] / total["wall"], 2),
         }
     for ids in prompts:
         start = time.perf_counter()
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False,
-                              pad_token_id=pad)
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         plain_s += time.perf_counter() - start
         plain_tokens += out.shape[1] - ids.shape[1]
     step_ms = plain_s / plain_tokens * 1e3
-    context = torch.cat(prompts, dim=1)[:, : 256]
+    context = torch.cat(prompts, dim=1)[:, :256]
     forwards = forward_ms(target, context)
 
     print(f"plain decoding (transformers generate): {step_ms:.2f} ms per token, {plain_tokens / plain_s:.2f} tok/s")
-    print(f"target forward with k new tokens (cache ~{context.shape[1]} tokens): "
-          + ", ".join(f"k={k}: {ms:.1f} ms ({ms / forwards[1]:.2f}x)" for k, ms in forwards.items()))
-    header = f"{'engine configuration':<34} {'round ms':>9} {'propose':>8} {'verify':>8} {'other':>7} {'tok/round':>10} {'tok/s':>7} {'vs plain':>9}"
+    print(
+        f"target forward with k new tokens (cache ~{context.shape[1]} tokens): "
+        + ", ".join(f"k={k}: {ms:.1f} ms ({ms / forwards[1]:.2f}x)" for k, ms in forwards.items())
+    )
+    header = (
+        f"{'engine configuration':<34} {'round ms':>9} {'propose':>8} {'verify':>8} {'other':>7} "
+        f"{'tok/round':>10} {'tok/s':>7} {'vs plain':>9}"
+    )
     print(header)
     print("-" * len(header))
     for name, r in rows.items():
-        print(f"{name:<34} {r['round_ms']:>9.2f} {r['propose_ms']:>8.2f} {r['verify_ms']:>8.2f} {r['other_ms']:>7.2f} "
-              f"{r['tokens_per_round']:>10.2f} {r['tokens_per_second']:>7.2f} {r['round_ms'] / step_ms:>8.2f}x")
-    payload = {"command": command_line("profile", args), "args": asdict(args), "dtype": str(target.dtype),
-               "torch_threads": torch.get_num_threads(), "code": code_provenance(), "plain_ms_per_token": round(step_ms, 2),
-               "forward_ms_by_new_tokens": forwards, "engine": rows}
+        print(
+            f"{name:<34} {r['round_ms']:>9.2f} {r['propose_ms']:>8.2f} {r['verify_ms']:>8.2f} {r['other_ms']:>7.2f} "
+            f"{r['tokens_per_round']:>10.2f} {r['tokens_per_second']:>7.2f} {r['round_ms'] / step_ms:>8.2f}x"
+        )
+    payload = {
+        "command": command_line("profile", args),
+        "args": asdict(args),
+        "dtype": str(target.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "code": code_provenance(),
+        "plain_ms_per_token": round(step_ms, 2),
+        "forward_ms_by_new_tokens": forwards,
+        "engine": rows,
+    }
     Path(args.json).write_text(json.dumps(payload, indent=2))
     print(f"[profile] wrote {args.json}", file=sys.stderr)
     return 0

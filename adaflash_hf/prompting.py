@@ -23,7 +23,9 @@ def chat_prompt_ids(tokenizer, prompt: str | list[dict], raw: bool = False) -> l
             raise ValueError("a conversation must be a non-empty list of {'role': ..., 'content': ...} messages.")
     if raw or not tokenizer.chat_template:
         if not isinstance(prompt, str):
-            raise ValueError("this tokenizer has no chat template (or raw=True), so the prompt must be plain text, not messages.")
+            raise ValueError(
+                "this tokenizer has no chat template (or raw=True), so the prompt must be plain text, not messages."
+            )
         ids = list(tokenizer(prompt)["input_ids"])
         if not ids:
             raise ValueError("the prompt is empty: give at least one token of text to continue.")

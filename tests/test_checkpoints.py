@@ -23,7 +23,9 @@ def same_weights(a, b) -> bool:
 
 def test_save_load_round_trip(target, drafter, tmp_path):
     drafter.save_pretrained(tmp_path)
-    assert {"config.json", "model.safetensors", "modeling_adaflash.py", "configuration_adaflash.py"} <= {p.name for p in tmp_path.iterdir()}
+    assert {"config.json", "model.safetensors", "modeling_adaflash.py", "configuration_adaflash.py"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
     loaded = AdaFlashDrafter.from_pretrained(tmp_path)
     assert same_weights(loaded, drafter)
     assert AutoModel.from_pretrained(tmp_path).__class__ is AdaFlashDrafter
@@ -44,8 +46,10 @@ def test_dflash_layout_round_trip(drafter, tmp_path):
     save_dflash_checkpoint(drafter, tmp_path, dtype=torch.float32)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
-    assert config["dflash_config"] == {"mask_token_id": drafter.config.mask_token_id,
-                                       "target_layer_ids": drafter.config.target_layer_ids}
+    assert config["dflash_config"] == {
+        "mask_token_id": drafter.config.mask_token_id,
+        "target_layer_ids": drafter.config.target_layer_ids,
+    }
     assert config["block_size"] == drafter.config.block_size
     loaded = AdaFlashDrafter.from_pretrained(tmp_path)
     assert loaded.config.model_type == "adaflash_drafter"
@@ -76,8 +80,10 @@ def test_remote_code_drafter_works_with_enable_adaflash(target, drafter, tmp_pat
     remote = AutoModel.from_pretrained(tmp_path, trust_remote_code=True).eval()
     ids = torch.tensor([random_prompts((5,))[0]])
     enable_adaflash(target)
-    assert torch.equal(target.generate(ids, assistant_model=remote, max_new_tokens=8, do_sample=False),
-                       target.generate(ids, max_new_tokens=8, do_sample=False))
+    assert torch.equal(
+        target.generate(ids, assistant_model=remote, max_new_tokens=8, do_sample=False),
+        target.generate(ids, max_new_tokens=8, do_sample=False),
+    )
 
 
 def test_corrupt_checkpoint_gives_clear_error(drafter, tmp_path):
@@ -123,23 +129,53 @@ def test_loads_a_published_style_dflash_checkpoint(tmp_path):
 
     hidden, heads, kv, head_dim, inter = 32, 4, 2, 8, 48
     config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "attention_bias": False, "attention_dropout": 0.0,
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "block_size": 16, "bos_token_id": 1, "eos_token_id": 2,
-        "dflash_config": {"mask_token_id": 90, "target_layer_ids": [1, 3]}, "head_dim": head_dim, "hidden_act": "silu",
-        "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": inter, "layer_types": ["full_attention"],
-        "max_position_embeddings": 4096, "max_window_layers": 1, "num_attention_heads": heads, "num_hidden_layers": 1,
-        "num_key_value_heads": kv, "num_target_layers": 6, "rms_norm_eps": 1e-6, "rope_scaling": None,
-        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "transformers_version": "4.57.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 96,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "block_size": 16,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "dflash_config": {"mask_token_id": 90, "target_layer_ids": [1, 3]},
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "layer_types": ["full_attention"],
+        "max_position_embeddings": 4096,
+        "max_window_layers": 1,
+        "num_attention_heads": heads,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": kv,
+        "num_target_layers": 6,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.57.1",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 96,
     }
     g = torch.Generator().manual_seed(0)
     shapes = {
-        "fc.weight": (hidden, 2 * hidden), "hidden_norm.weight": (hidden,), "norm.weight": (hidden,),
-        "layers.0.input_layernorm.weight": (hidden,), "layers.0.post_attention_layernorm.weight": (hidden,),
-        "layers.0.self_attn.q_proj.weight": (heads * head_dim, hidden), "layers.0.self_attn.k_proj.weight": (kv * head_dim, hidden),
-        "layers.0.self_attn.v_proj.weight": (kv * head_dim, hidden), "layers.0.self_attn.o_proj.weight": (hidden, heads * head_dim),
-        "layers.0.self_attn.q_norm.weight": (head_dim,), "layers.0.self_attn.k_norm.weight": (head_dim,),
-        "layers.0.mlp.gate_proj.weight": (inter, hidden), "layers.0.mlp.up_proj.weight": (inter, hidden),
+        "fc.weight": (hidden, 2 * hidden),
+        "hidden_norm.weight": (hidden,),
+        "norm.weight": (hidden,),
+        "layers.0.input_layernorm.weight": (hidden,),
+        "layers.0.post_attention_layernorm.weight": (hidden,),
+        "layers.0.self_attn.q_proj.weight": (heads * head_dim, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv * head_dim, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv * head_dim, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "layers.0.self_attn.q_norm.weight": (head_dim,),
+        "layers.0.self_attn.k_norm.weight": (head_dim,),
+        "layers.0.mlp.gate_proj.weight": (inter, hidden),
+        "layers.0.mlp.up_proj.weight": (inter, hidden),
         "layers.0.mlp.down_proj.weight": (hidden, inter),
     }
     weights = {name: torch.randn(shape, generator=g).to(torch.bfloat16) for name, shape in shapes.items()}
@@ -159,15 +195,20 @@ def test_bundled_drafters_are_current_and_load():
     from adaflash_hf.drafters import BUNDLED_DIR, LENGTH_HEAD_SUFFIX
 
     library = Path(adaflash_hf.__file__).parent
-    folders = [p for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file() and not p.name.endswith(LENGTH_HEAD_SUFFIX)]
+    folders = [
+        p for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file() and not p.name.endswith(LENGTH_HEAD_SUFFIX)
+    ]
     assert folders, "no bundled drafter"
     for folder in folders:
         for name in ("modeling_adaflash.py", "configuration_adaflash.py"):
             assert (folder / name).read_text() == (library / name).read_text(), f"{folder / name} is stale: re-save it"
         config = json.loads((folder / "config.json").read_text())
         assert config["model_type"] == "adaflash_drafter" and (folder / "README.md").is_file()
-        budget_mb = {"smollm2-135m": 20, "qwen2.5-coder-1.5b": 100}.get(folder.name, 20)  # issue 3's size limits
-        shards = list(folder.glob("*.safetensors"))  # one file, or shards with an index (each kept small for git hosting)
+        # size budgets that keep the repository easy to host: 20 MB for a 135M target's drafter, 100 MB for 1.5B
+        budget_mb = {"smollm2-135m": 20, "qwen2.5-coder-1.5b": 100}.get(folder.name, 20)
+        shards = list(
+            folder.glob("*.safetensors")
+        )  # one file, or shards with an index (each kept small for git hosting)
         assert sum(p.stat().st_size for p in shards) < budget_mb * 2**20, f"{folder.name} is over {budget_mb} MB"
         assert all(p.stat().st_size < 50 * 2**20 for p in shards), f"{folder.name}: shard a file over 50 MB"
         AdaFlashDrafter.from_pretrained(folder)

@@ -26,18 +26,67 @@ def model_dirs(tmp_path):
 
 def test_generate_command_streams_and_compares(model_dirs, capsys):
     target, drafter = model_dirs
-    code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w7",
-                 "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain"])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--raw",
+            "--prompt",
+            "w5 w6 w7",
+            "--max-new-tokens",
+            "6",
+            "--dtype",
+            "fp32",
+            "--compare-plain",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0
     assert "tau" in err and "identical output: True" in err
     assert "(block 4, 1 layer)" in err  # not "1 layers"
-    code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w5 w6 w5",
-                 "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain", "--sources", "suffix"])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--raw",
+            "--prompt",
+            "w5 w6 w5 w6 w5",
+            "--max-new-tokens",
+            "6",
+            "--dtype",
+            "fp32",
+            "--compare-plain",
+            "--sources",
+            "suffix",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0 and "identical output: True" in err and "drafter" not in err.split("rounds (")[1].split(")")[0]
-    code = main(["generate", "--target", str(target), "--drafter", str(drafter), "--raw", "--prompt", "w5 w6 w5 w7 w5",
-                 "--max-new-tokens", "6", "--dtype", "fp32", "--compare-plain", "--tree-nodes", "0"])
+    code = main(
+        [
+            "generate",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--raw",
+            "--prompt",
+            "w5 w6 w5 w7 w5",
+            "--max-new-tokens",
+            "6",
+            "--dtype",
+            "fp32",
+            "--compare-plain",
+            "--tree-nodes",
+            "0",
+        ]
+    )
     assert code == 0 and "identical output: True" in capsys.readouterr().err
 
 
@@ -51,9 +100,29 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
     import torch
 
     threads = torch.get_num_threads()
-    code = main(["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
-                 "--methods", "target,adaflash,adaflash@2,adaflash-drafter,adaflash-suffix,prompt-lookup,dflash-builtin", "--max-new-tokens", "5", "--num-threads", "1",
-                 "--json", str(out), "--plot", str(tmp_path / "acc.png")])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--prompts",
+            str(prompts),
+            "--dtype",
+            "fp32",
+            "--methods",
+            "target,adaflash,adaflash@2,adaflash-drafter,adaflash-suffix,prompt-lookup,dflash-builtin",
+            "--max-new-tokens",
+            "5",
+            "--num-threads",
+            "1",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "acc.png"),
+        ]
+    )
     torch.set_num_threads(threads)
     assert code == 0
     payload = json.loads(out.read_text())
@@ -61,17 +130,32 @@ def test_bench_command_writes_json(model_dirs, tmp_path, capsys):
     import adaflash_hf
 
     assert payload["code"]["package_dir"] == str(Path(adaflash_hf.__file__).resolve().parent)  # which code ran
-    assert {(r["method"], r["domain"]) for r in results} >= {("adaflash", "all"), ("target", "code"), ("dflash-builtin", "chat")}
+    assert {(r["method"], r["domain"]) for r in results} >= {
+        ("adaflash", "all"),
+        ("target", "code"),
+        ("dflash-builtin", "chat"),
+    }
     for r in results:
-        assert {"method", "domain", "num_prompts", "new_tokens", "tokens_per_second", "mean_accepted_length",
-                "accept_rate", "speedup", "same_as_target"} <= r.keys()
+        assert {
+            "method",
+            "domain",
+            "num_prompts",
+            "new_tokens",
+            "tokens_per_second",
+            "mean_accepted_length",
+            "accept_rate",
+            "speedup",
+            "same_as_target",
+        } <= r.keys()
         if r["method"] == "target":
             assert r["mean_accepted_length"] == 1.0 and r["speedup"] == 1.0 and r["same_as_target"] == 1.0
     adaflash = next(r for r in results if r["method"] == "adaflash" and r["domain"] == "all")
     assert adaflash["same_as_target"] == 1.0  # fp32 greedy is lossless
     assert all(a is None or 0.0 <= a <= 1.0 for a in adaflash["position_acceptance"])
     drafter_only = next(r for r in results if r["method"] == "adaflash-drafter" and r["domain"] == "all")
-    assert drafter_only["position_acceptance"][3:] == [None] * (len(drafter_only["position_acceptance"]) - 3)  # block 4: drafts 1..3
+    assert drafter_only["position_acceptance"][3:] == [None] * (
+        len(drafter_only["position_acceptance"]) - 3
+    )  # block 4: drafts 1..3
     assert set(drafter_only["sources"]) <= {"drafter", "none"} and drafter_only["same_as_target"] == 1.0
     suffix_only = next(r for r in results if r["method"] == "adaflash-suffix" and r["domain"] == "all")
     assert set(suffix_only["sources"]) <= {"suffix", "none"} and suffix_only["same_as_target"] == 1.0
@@ -135,7 +219,7 @@ def test_explain_difference_reports_the_logit_gap(capsys):
 
 
 def test_bench_pools_position_acceptance_and_leaves_out_unverified_positions():
-    from adaflash_hf.bench import pooled_position_acceptance
+    from adaflash_hf.bench_report import pooled_position_acceptance
 
     records = [{"positions": ([1, 0, 0], [2, 1, 0])}, {"positions": ([0, 0, 0], [1, 0, 0])}, {"positions": None}]
     assert pooled_position_acceptance(records) == [round(1 / 3, 4), 0.0, None]  # pooled counts, not a mean of ratios
@@ -152,8 +236,21 @@ def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(m
     shards = tmp_path / "data" / "train" / "key"
     shards.mkdir(parents=True)
     _write_shard(shards / "shard_00000.safetensors", [([5, 6] + [7, 8, 9, 10] * 10, 2) for _ in range(20)])
-    code = main(["prepare-drafter", "--drafter", str(drafter_dir), "--output-dir", str(tmp_path / "prepared"),
-                 "--data-dir", str(tmp_path / "data"), "--target", str(target_dir), "--size", "8"])
+    code = main(
+        [
+            "prepare-drafter",
+            "--drafter",
+            str(drafter_dir),
+            "--output-dir",
+            str(tmp_path / "prepared"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--target",
+            str(target_dir),
+            "--size",
+            "8",
+        ]
+    )
     assert code == 0
     assert "held-out coverage" in capsys.readouterr().out
     target = tiny_target("qwen3")
@@ -166,16 +263,46 @@ def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(m
     assert out.sequences.tolist() == plain.tolist()
 
     # again from the prepared drafter: its vocabulary kept, plus an acceptance prior from two held-out prompts
-    code = main(["prepare-drafter", "--drafter", str(tmp_path / "prepared"), "--output-dir", str(tmp_path / "calibrated"),
-                 "--data-dir", str(tmp_path / "data"), "--target", str(target_dir), "--keep-vocab",
-                 "--acceptance-prompts", "2", "--acceptance-tokens", "6"])
+    code = main(
+        [
+            "prepare-drafter",
+            "--drafter",
+            str(tmp_path / "prepared"),
+            "--output-dir",
+            str(tmp_path / "calibrated"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--target",
+            str(target_dir),
+            "--keep-vocab",
+            "--acceptance-prompts",
+            "2",
+            "--acceptance-tokens",
+            "6",
+        ]
+    )
     assert code == 0
     calibrated = load_drafter(str(tmp_path / "calibrated"), target)
     assert torch.equal(calibrated.draft_vocab, drafter.draft_vocab)
     assert calibrated.adaflash_acceptance_prior["prompts"] == 2 and calibrated.adaflash_acceptance_prior["entries"]
     assert calibrated.adaflash_datastore.num_tokens == 20 * 40  # the shipped datastore keeps every response
-    assert main(["prepare-drafter", "--drafter", str(drafter_dir), "--output-dir", str(tmp_path / "x"), "--keep-vocab",
-                 "--size", "8", "--data-dir", str(tmp_path / "data")]) == 2
+    assert (
+        main(
+            [
+                "prepare-drafter",
+                "--drafter",
+                str(drafter_dir),
+                "--output-dir",
+                str(tmp_path / "x"),
+                "--keep-vocab",
+                "--size",
+                "8",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ]
+        )
+        == 2
+    )
     assert "keep_vocab keeps the drafter's draft vocabulary" in capsys.readouterr().err
 
 
@@ -186,8 +313,26 @@ def test_profile_command_splits_the_round(model_dirs, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "w5 w9 w11", "domain": "code"}\n')
     out = tmp_path / "profile.json"
-    assert main(["profile", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
-                 "--max-new-tokens", "8", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--target",
+                str(target),
+                "--drafter",
+                str(drafter),
+                "--prompts",
+                str(prompts),
+                "--dtype",
+                "fp32",
+                "--max-new-tokens",
+                "8",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     payload = json.loads(out.read_text())
     assert set(payload["forward_ms_by_new_tokens"]) == {"1", "2", "4", "8", "16"}
     for row in payload["engine"].values():
@@ -200,10 +345,28 @@ def test_prepare_drafter_counts_the_targets_predictions_on_corpus_text(model_dir
 
     import adaflash_hf.data as data
 
-    monkeypatch.setattr(data, "load_text_corpus", lambda *a, **k: Dataset.from_dict({"text": ["w5 w6 w7 w8 w9 " * 40] * 30}))
+    monkeypatch.setattr(
+        data, "load_text_corpus", lambda *a, **k: Dataset.from_dict({"text": ["w5 w6 w7 w8 w9 " * 40] * 30})
+    )
     target_dir, drafter_dir = model_dirs
-    assert main(["prepare-drafter", "--drafter", str(drafter_dir), "--output-dir", str(tmp_path / "prepared"),
-                 "--target", str(target_dir), "--corpus-tokens", "2000", "--size", "4"]) == 0
+    assert (
+        main(
+            [
+                "prepare-drafter",
+                "--drafter",
+                str(drafter_dir),
+                "--output-dir",
+                str(tmp_path / "prepared"),
+                "--target",
+                str(target_dir),
+                "--corpus-tokens",
+                "2000",
+                "--size",
+                "4",
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "prepared" / "draft_vocab.json").read_text())
     assert report["counted_tokens"] > 1000 and report["datastore_tokens"] == 0  # no responses: no datastore
     assert not (tmp_path / "prepared" / "datastore.safetensors").exists()
@@ -245,14 +408,19 @@ def test_help_of_every_command_imports_no_torch_or_transformers():
     assert "usage: adaflash generate" in out.stdout and "--dtype {auto,bf16,fp16,fp32}" in out.stdout
     checked = out.stdout.strip().splitlines()[-1].split()[1:]
     assert checked == list(available_commands())
-    assert {"train-drafter", "train-length-head", "generate-data", "prepare-drafter", "bench-opd", "soak-opd"} <= set(checked)
+    assert {"train-drafter", "train-length-head", "generate-data", "prepare-drafter", "bench-opd", "soak-opd"} <= set(
+        checked
+    )
 
 
 def test_a_command_whose_module_is_missing_is_hidden(monkeypatch, capsys):
     from adaflash_hf import cli
 
-    monkeypatch.setitem(cli.COMMANDS, "future", cli.Command("adaflash_hf.not_written_yet:Config", "adaflash_hf.not_written_yet:run",
-                                                            "Not written yet."))
+    monkeypatch.setitem(
+        cli.COMMANDS,
+        "future",
+        cli.Command("adaflash_hf.not_written_yet:Config", "adaflash_hf.not_written_yet:run", "Not written yet."),
+    )
     assert "future" not in cli.available_commands() and "generate" in cli.available_commands()
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -316,12 +484,20 @@ def cli_error(argv: list[str], capsys) -> str:
         (["bench", "--prompts", "no/such/prompts.jsonl"], "--prompts no/such/prompts.jsonl: no such file"),
         (["profile", "--max-new-tokens", "4"], "--max-new-tokens 4: profile needs at least 8"),
         (["train-drafter", "--output-dir", "runs/x", "--block-size", "1"], "block_size must be >= 2"),
-        (["train-drafter", "--output-dir", "runs/x", "--target-dtype", "int8"], "argument --target-dtype: invalid choice: 'int8'"),
+        (
+            ["train-drafter", "--output-dir", "runs/x", "--target-dtype", "int8"],
+            "argument --target-dtype: invalid choice: 'int8'",
+        ),
         (["train-drafter", "--block-size", "8"], "the following arguments are required: --output-dir"),
         (["generate-data", "--data-dir", "d", "--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
-        (["generate-data", "--data-dir", "d", "--prompts", "no/such/prompts.jsonl"], "Prompt file no/such/prompts.jsonl does not exist"),
-        (["prepare-drafter", "--drafter", "auto", "--output-dir", "o", "--data-dir", "no/such/data"],
-         "data_dir no/such/data: no such folder"),
+        (
+            ["generate-data", "--data-dir", "d", "--prompts", "no/such/prompts.jsonl"],
+            "Prompt file no/such/prompts.jsonl does not exist",
+        ),
+        (
+            ["prepare-drafter", "--drafter", "auto", "--output-dir", "o", "--data-dir", "no/such/data"],
+            "data_dir no/such/data: no such folder",
+        ),
         (["prepare-drafter", "--drafter", "auto", "--output-dir", "o"], "nothing to count: give data_dir"),
     ],
 )
@@ -335,19 +511,40 @@ def test_bad_models_get_one_error_line(model_dirs, tmp_path, capsys):
     line = cli_error(["generate", *common[:1], str(tmp_path / "missing-target"), *common[2:]], capsys)
     assert line.startswith("error: Unknown target") and "Presets: smollm2-135m" in line
     line = cli_error(["generate", *common, "--drafter", str(tmp_path / "missing")], capsys)
-    assert f"error: no drafter folder {tmp_path / 'missing'}: a drafter is 'auto'" in line and "Hub id (owner/name)" in line
+    assert (
+        f"error: no drafter folder {tmp_path / 'missing'}: a drafter is 'auto'" in line
+        and "Hub id (owner/name)" in line
+    )
     (tmp_path / "empty").mkdir()
     assert "has no config.json" in cli_error(["generate", *common, "--drafter", str(tmp_path / "empty")], capsys)
     line = cli_error(["generate", *common, "--drafter", str(target)], capsys)
     assert "holds a `qwen3` model, not a drafter" in line
-    line = cli_error(["generate", *common, "--drafter", str(drafter), "--verify-len", "100", "--sources", "drafter"], capsys)
-    assert "verify_len=100: a round verifies the anchor plus at most 3 drafts (the drafter's block of 4 gives 3), so choose 1..4" in line
+    line = cli_error(
+        ["generate", *common, "--drafter", str(drafter), "--verify-len", "100", "--sources", "drafter"], capsys
+    )
+    assert (
+        "verify_len=100: a round verifies the anchor plus at most 3 drafts (the drafter's block of 4 gives 3), so "
+        "choose 1..4" in line
+    )
     line = cli_error(["generate", *common, "--drafter", str(drafter), "--verify-len", "100"], capsys)
     assert "at most 16 drafts" in line and "choose 1..17" in line  # suffix matches reach 16 tokens
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "w5 w9", "domain": "code"}\n')
-    bench = ["bench", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--dtype", "fp32",
-             "--json", str(tmp_path / "b.json"), "--plot", ""]
+    bench = [
+        "bench",
+        "--target",
+        str(target),
+        "--drafter",
+        str(drafter),
+        "--prompts",
+        str(prompts),
+        "--dtype",
+        "fp32",
+        "--json",
+        str(tmp_path / "b.json"),
+        "--plot",
+        "",
+    ]
     assert "choose 1..4" in cli_error([*bench, "--methods", "target,adaflash-drafter@9"], capsys)
     assert "no default draft model for" in cli_error([*bench, "--methods", "target,assisted"], capsys)
 
@@ -360,8 +557,9 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
 
     monkeypatch.setattr(cli, "run_generate", broken)
     assert main(["generate"]) == 1
-    assert capsys.readouterr().err == ("error: unexpected RuntimeError: something inside broke "
-                                       "(run with --debug for the traceback)\n")
+    assert capsys.readouterr().err == (
+        "error: unexpected RuntimeError: something inside broke (run with --debug for the traceback)\n"
+    )
     with pytest.raises(RuntimeError, match="something inside broke"):
         main(["--debug", "generate"])
     with pytest.raises(ValueError, match="--temperature"):

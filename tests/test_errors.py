@@ -18,7 +18,9 @@ def test_drafter_target_mismatches(target, drafter):
     wide = AdaFlashDrafter(AdaFlashDrafterConfig(**{**drafter.config.to_dict(), "hidden_size": 32, "head_dim": 8}))
     with pytest.raises(ValueError, match=r"hidden size: drafter 32 vs target 64"):
         generate(target, wide, torch.tensor([[5, 6]]), max_new_tokens=2)
-    deep = AdaFlashDrafter(AdaFlashDrafterConfig(**{**drafter.config.to_dict(), "target_layer_ids": [1, 9], "num_target_layers": None}))
+    deep = AdaFlashDrafter(
+        AdaFlashDrafterConfig(**{**drafter.config.to_dict(), "target_layer_ids": [1, 9], "num_target_layers": None})
+    )
     with pytest.raises(ValueError, match=r"target_layer_ids \[9\] out of range for a target with 4 layers"):
         generate(target, deep, torch.tensor([[5, 6]]), max_new_tokens=2)
     with pytest.raises(TypeError, match="not an AdaFlashDrafter"):
@@ -31,7 +33,9 @@ def test_config_validation():
     with pytest.raises(ValueError, match="mask_token_id=10 is outside the vocabulary"):
         AdaFlashDrafterConfig(vocab_size=10, hidden_size=8, num_attention_heads=2, mask_token_id=10)
     with pytest.raises(ValueError, match=r"target_layer_ids \[7\] are out of range"):
-        AdaFlashDrafterConfig(vocab_size=10, hidden_size=8, num_attention_heads=2, target_layer_ids=[7], num_target_layers=4)
+        AdaFlashDrafterConfig(
+            vocab_size=10, hidden_size=8, num_attention_heads=2, target_layer_ids=[7], num_target_layers=4
+        )
 
 
 def test_tokenizer_mismatch(target, drafter):
@@ -95,8 +99,11 @@ def test_token_ids_outside_the_vocabulary_are_named():
 
     ids = torch.tensor([[5, 6, 7], [8, 99, 100]])
     mask = torch.ones_like(ids)
-    with pytest.raises(ValueError, match=r"token id 99 \(row 1, position 1; 2 such ids in all\) is outside the target's "
-                                         r"vocabulary of 48 ids \[0, 48\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"token id 99 \(row 1, position 1; 2 such ids in all\) is outside the target's "
+        r"vocabulary of 48 ids \[0, 48\)",
+    ):
         check_prompt_batch(ids, mask, vocab_size=48)
     with pytest.raises(ValueError, match=r"token id -1 \(row 0, position 0\)"):
         check_prompt_batch(torch.tensor([[-1, 5]]), None, vocab_size=48)
@@ -107,7 +114,9 @@ def test_token_ids_outside_the_vocabulary_are_named():
 
 def test_token_ids_outside_the_vocabulary_through_transformers_generate(target, drafter):
     enable_adaflash(target)
-    with pytest.raises(ValueError, match=r"token id 4000 \(row 0, position 1\) is outside the target's vocabulary of 48"):
+    with pytest.raises(
+        ValueError, match=r"token id 4000 \(row 0, position 1\) is outside the target's vocabulary of 48"
+    ):
         target.generate(torch.tensor([[5, 4000, 7]]), assistant_model=drafter, max_new_tokens=3)
 
 
@@ -145,9 +154,12 @@ def test_a_corrupt_drafter_checkpoint_says_so(target, tmp_path):
 def test_load_drafter_says_what_it_accepts(target, tmp_path):
     from adaflash_hf import load_drafter
 
-    with pytest.raises(FileNotFoundError, match=r"no drafter folder .*nope: a drafter is 'auto' \(the bundled drafter of a "
-                                                r"preset target: .*smollm2-135m\), 'fresh' .*, a local folder with "
-                                                r"config.json, or a Hub id \(owner/name\)"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no drafter folder .*nope: a drafter is 'auto' \(the bundled drafter of a "
+        r"preset target: .*smollm2-135m\), 'fresh' .*, a local folder with "
+        r"config.json, or a Hub id \(owner/name\)",
+    ):
         load_drafter(str(tmp_path / "nope"), target)
     with pytest.raises(FileNotFoundError, match="no drafter folder ./runs/nope"):
         load_drafter("./runs/nope", target)  # looks like owner/name, but a relative path is never a Hub id
@@ -166,8 +178,10 @@ def test_a_drafter_config_missing_fields_names_them(drafter, tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     del config["hidden_size"], config["num_key_value_heads"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=f"the drafter config in {tmp_path} lacks hidden_size, num_key_value_heads: these "
-                                         "fields fix the shapes"):
+    with pytest.raises(
+        ValueError,
+        match=f"the drafter config in {tmp_path} lacks hidden_size, num_key_value_heads: these fields fix the shapes",
+    ):
         AdaFlashDrafter.from_pretrained(tmp_path)
 
 
@@ -215,7 +229,7 @@ def test_every_row_of_the_bad_inputs_table_names_a_real_test():
     from pathlib import Path
 
     here = Path(__file__).parent
-    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", (here / "BAD_INPUTS.md").read_text())
+    named = re.findall(r"`((?:\w+/)*test_\w+\.py)::(test_\w+)`", (here / "BAD_INPUTS.md").read_text())
     assert len(named) >= 25
     for file, test in named:
         assert f"def {test}(" in (here / file).read_text(), f"BAD_INPUTS.md names {file}::{test}, which does not exist"

@@ -29,14 +29,17 @@ PROMPT, NEW_TOKENS = "Hello, wörld!", 48
 @pytest.fixture(autouse=True)
 def verify_whole_proposals(monkeypatch):
     """The default verify-length policy weighs measured timings, which vary on a busy machine and may take
-    plain steps throughout, leaving no draft to check: here every round proposes and every proposal is verified whole."""
+    plain steps throughout, leaving no draft to check: here every round proposes and every proposal is verified
+    whole."""
     from adaflash_hf import GoodputVerifyLength
 
     def whole(self, rates, draft_hidden_states, sources=None):  # rates: (rows, longest proposal)
         return torch.full((rates.shape[0],), rates.shape[1] + 1, dtype=torch.long)
 
     monkeypatch.setattr(GoodputVerifyLength, "verify_lens", whole)
-    monkeypatch.setattr(GoodputVerifyLength, "wants_drafts", lambda self, rows: True)  # nor does its guard hold plain steps
+    monkeypatch.setattr(
+        GoodputVerifyLength, "wants_drafts", lambda self, rows: True
+    )  # nor does its guard hold plain steps
 
 
 def load_example(name: str):
@@ -68,12 +71,13 @@ def greedy_text(target_dir: str, prompt: str, max_new_tokens: int, chat: bool = 
     """The target's own greedy continuation in fp32, decoded as the examples decode it."""
     target, tokenizer = load_target(target_dir, dtype="fp32")
     if chat:
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
+        inputs = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
     else:
         inputs = tokenizer(prompt, return_tensors="pt")
     out = target.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert len(text) >= 10, "the reference is too short to tell outputs apart"
     return text
 
@@ -123,7 +127,9 @@ def test_serve_and_query(models, capsys):
     assert completion[0] == greedy_text(models["target"], "def fibonacci(n):", 16, chat=False)
     want = greedy_text(models["target"], question, 16)
     assert chat[0] == want and streamed[0] == want  # the server answers what offline generate does
-    metrics = [dict(item.split(" ") for item in line.split("\n")[0].split(", ")) for _, line in (completion, chat, streamed)]
+    metrics = [
+        dict(item.split(" ") for item in line.split("\n")[0].split(", ")) for _, line in (completion, chat, streamed)
+    ]
     assert all(m["num_tokens"] == "16" for m in metrics)
     assert float(metrics[2]["mean_accepted_length"]) > 1.0  # the repeated question: drafts from the global index
     assert streamed[1].rstrip().endswith("server stopped")
@@ -131,12 +137,43 @@ def test_serve_and_query(models, capsys):
 
 def test_train_drafter_for_another_target(models, tmp_path, capsys):
     output_dir = tmp_path / "run"
-    tiny_run = ["--target", models["target"], "--output-dir", str(output_dir), "--target-dtype", "fp32", "--block-size", "4",
-                "--num-anchors", "8", "--seq-len", "32", "--train-domains", "math", "--corpus-limit-per-domain", "4",
-                "--self-gen-prompts-per-domain", "2", "--eval-prompts-per-domain", "2", "--gen-max-new-tokens", "6",
-                "--gen-batch-size", "2", "--eval-anchors", "4", "--warmup-steps", "1", "--engine-eval-prompts", "0",
-                "--max-steps", "3"]
-    run_example("train_drafter_for_another_target", [*tiny_run, "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS)])
+    tiny_run = [
+        "--target",
+        models["target"],
+        "--output-dir",
+        str(output_dir),
+        "--target-dtype",
+        "fp32",
+        "--block-size",
+        "4",
+        "--num-anchors",
+        "8",
+        "--seq-len",
+        "32",
+        "--train-domains",
+        "math",
+        "--corpus-limit-per-domain",
+        "4",
+        "--self-gen-prompts-per-domain",
+        "2",
+        "--eval-prompts-per-domain",
+        "2",
+        "--gen-max-new-tokens",
+        "6",
+        "--gen-batch-size",
+        "2",
+        "--eval-anchors",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--engine-eval-prompts",
+        "0",
+        "--max-steps",
+        "3",
+    ]
+    run_example(
+        "train_drafter_for_another_target", [*tiny_run, "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS)]
+    )
     summary = json.loads((output_dir / "drafter" / "training_summary.json").read_text())
     assert summary["steps"] == 3 and summary["recipe"]["max_minutes"] == 60  # the example's default, kept
     out = capsys.readouterr().out
@@ -148,9 +185,29 @@ def test_online_distillation(models, tmp_path, capsys):
     from adaflash_hf import load_drafter
 
     publish, merged = tmp_path / "adapters", tmp_path / "merged"
-    run_example("online_distillation", [*model_args(models), "--requests", "6", "--max-new-tokens", "24", "--report-every", "3",
-                                        "--min-trajectories", "2", "--steps-per-version", "1", "--lr", "1e-2",
-                                        "--publish-dir", str(publish), "--merged-dir", str(merged), "--check"])
+    run_example(
+        "online_distillation",
+        [
+            *model_args(models),
+            "--requests",
+            "6",
+            "--max-new-tokens",
+            "24",
+            "--report-every",
+            "3",
+            "--min-trajectories",
+            "2",
+            "--steps-per-version",
+            "1",
+            "--lr",
+            "1e-2",
+            "--publish-dir",
+            str(publish),
+            "--merged-dir",
+            str(merged),
+            "--check",
+        ],
+    )
     out = capsys.readouterr().out
     reports = [line for line in out.splitlines() if line.startswith("request ")]
     assert [line.split(":")[0] for line in reports] == ["request    3", "request    6"]
@@ -171,5 +228,9 @@ def test_every_example_is_a_documented_main_with_a_test_here():
     assert not untested, f"examples without a test_<name> in {__file__}: {untested}"
     for name in names:
         source = (EXAMPLES / f"{name}.py").read_text()
-        assert source.startswith('"""') and "python examples/" in source.split('"""')[1], f"{name}: docstring with how to run it"
-        assert "def main(argv: list[str] | None = None)" in source and 'if __name__ == "__main__":\n    main()' in source, name
+        assert source.startswith('"""') and "python examples/" in source.split('"""')[1], (
+            f"{name}: docstring with how to run it"
+        )
+        assert (
+            "def main(argv: list[str] | None = None)" in source and 'if __name__ == "__main__":\n    main()' in source
+        ), name

@@ -57,7 +57,9 @@ def test_masked_context_is_ignored(drafter):
     base = drafter(noise, ctx, position_ids=positions, attention_mask=mask).last_hidden_state
     ctx = ctx.clone()
     ctx[1, 4] += 100.0  # change only the masked slot
-    assert torch.allclose(base, drafter(noise, ctx, position_ids=positions, attention_mask=mask).last_hidden_state, atol=1e-5)
+    assert torch.allclose(
+        base, drafter(noise, ctx, position_ids=positions, attention_mask=mask).last_hidden_state, atol=1e-5
+    )
 
 
 def test_incremental_context_cache_equals_full_context(drafter):

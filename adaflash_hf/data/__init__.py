@@ -1,26 +1,26 @@
 """Prompt sets and text corpora for training and evaluating drafters, usable without the Hub.
 
 :mod:`adaflash_hf.data.corpora` fetches and parses the offline corpora; :mod:`adaflash_hf.data.prompts`
-turns them into per-domain prompt sets and text chunks with fixed train/eval splits, and validates
-user prompt sets into the same schema.
+turns them into per-domain prompt sets and text chunks with fixed train/eval splits;
+:mod:`adaflash_hf.data.user_prompts` holds the schema and validates user prompt sets into it;
+:mod:`adaflash_hf.data.instruct_prompts` writes and loads the shipped general assistant requests
+(``instruct_prompts.jsonl``).
 """
 
+from .instruct_prompts import INSTRUCT_PROMPTS_FILE, load_instruct_prompts
 from .prompts import (
     DEFAULT_TRAIN_DOMAINS,
     DOMAINS,
     EVAL_FRACTION,
     EVAL_PROMPTS_PER_DOMAIN,
     HELD_OUT_DOMAINS,
-    PROMPT_FEATURES,
-    TEXT_FEATURES,
-    as_prompt_dataset,
     document_split,
     gsm8k_prompt,
     humaneval_prompt,
     load_prompts,
-    load_prompts_jsonl,
     load_text_corpus,
 )
+from .user_prompts import PROMPT_FEATURES, TEXT_FEATURES, as_prompt_dataset, load_prompts_jsonl
 
 __all__ = [
     "DEFAULT_TRAIN_DOMAINS",
@@ -28,12 +28,14 @@ __all__ = [
     "EVAL_FRACTION",
     "EVAL_PROMPTS_PER_DOMAIN",
     "HELD_OUT_DOMAINS",
+    "INSTRUCT_PROMPTS_FILE",
     "PROMPT_FEATURES",
     "TEXT_FEATURES",
     "as_prompt_dataset",
     "document_split",
     "gsm8k_prompt",
     "humaneval_prompt",
+    "load_instruct_prompts",
     "load_prompts",
     "load_prompts_jsonl",
     "load_text_corpus",

@@ -42,26 +42,25 @@ Default training mix: :data:`DEFAULT_TRAIN_DOMAINS` (code, math, chat). The pros
 (:data:`HELD_OUT_DOMAINS`: news, wiki, fiction) are kept out of it so that domain shift can be
 measured on text the drafter has never been trained on.
 
-User data: :func:`load_prompts_jsonl` reads ``{"prompt": ..., "domain": ...}`` lines and
-:func:`as_prompt_dataset` validates any :class:`datasets.Dataset` with a prompt column into the
-same schema (for Hub datasets).
+User data: :mod:`adaflash_hf.data.user_prompts` reads prompt files and Hub datasets into the same schema;
+excerpts are cut by :mod:`adaflash_hf.data.excerpts`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from datasets import Dataset, DatasetDict, Features, IterableDataset, List, Value
+from datasets import Dataset
 
 from . import corpora
+from .excerpts import SENTENCE_BREAK, split_passages, spread_evenly
+from .user_prompts import PROMPT_FEATURES, TEXT_FEATURES
 
 logger = logging.getLogger(__name__)
 
@@ -72,20 +71,6 @@ SPLITS = ("train", "eval")
 EVAL_FRACTION = 0.2
 EVAL_PROMPTS_PER_DOMAIN = 40
 
-PROMPT_FEATURES = Features(
-    {
-        "id": Value("string"),
-        "domain": Value("string"),
-        "source": Value("string"),
-        "doc_id": Value("string"),
-        "prompt": Value("string"),
-        "turns": List(Value("string")),
-    }
-)
-TEXT_FEATURES = Features(
-    {"text": Value("string"), "domain": Value("string"), "source": Value("string"), "doc_id": Value("string")}
-)
-
 # Words per excerpt in prose prompts, and how many prompts one document may give at most.
 PROMPT_EXCERPT_WORDS = (150, 250)
 MAX_PROMPTS_PER_DOCUMENT = {"code": 12, "news": 2, "wiki": 12, "fiction": 4}
@@ -95,7 +80,6 @@ DEFAULT_CHUNK_WORDS = 256
 MIN_PROMPT_CODE_LINES, MAX_PROMPT_CODE_LINES = 5, 60
 
 Split = Literal["train", "eval"]
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"'\u201d\u2019)\]])\s+")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,62 +192,9 @@ def _sentence_keys(text: str, min_words: int = 10) -> frozenset[str]:
     return frozenset(
         _normalise(sentence)
         for paragraph in re.split(r"\n\s*\n", text)
-        for sentence in _SENTENCE_BREAK.split(paragraph)
+        for sentence in SENTENCE_BREAK.split(paragraph)
         if len(sentence.split()) >= min_words
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Excerpts
-# ---------------------------------------------------------------------------------------------
-
-def split_passages(text: str, min_words: int, max_words: int) -> list[str]:
-    """Consecutive passages of ``min_words``–``max_words`` words, cut at sentence ends.
-
-    Paragraph breaks (blank lines) inside a passage are kept. A sentence longer than ``max_words``
-    is cut by words. A final passage shorter than ``min_words // 2`` words is dropped unless it is
-    the only one.
-    """
-    if not 0 < min_words <= max_words:
-        raise ValueError(f"Need 0 < min_words <= max_words, got min_words={min_words}, max_words={max_words}.")
-    passages: list[str] = []
-    current: list[str] = []  # sentences, with "\n\n" entries for paragraph breaks
-    count = 0
-
-    def flush() -> None:
-        nonlocal count
-        while current and current[-1] == "\n\n":
-            current.pop()
-        if current:
-            passages.append(" ".join(current).replace(" \n\n ", "\n\n"))
-        current.clear()
-        count = 0
-
-    for paragraph in re.split(r"\n\s*\n", text):
-        if current:
-            current.append("\n\n")
-        for sentence in _SENTENCE_BREAK.split(paragraph.strip()):
-            words = sentence.split()
-            for start in range(0, len(words), max_words):
-                piece = words[start : start + max_words]
-                if count and count + len(piece) > max_words:
-                    flush()
-                current.append(" ".join(piece))
-                count += len(piece)
-                if count >= min_words:
-                    flush()
-    tail_words = count
-    flush()
-    if len(passages) > 1 and tail_words and tail_words < min_words // 2:
-        passages.pop()
-    return [p for p in passages if p.strip()]
-
-
-def spread_evenly(items: Sequence[Any], k: int) -> list[Any]:
-    """At most ``k`` items, evenly spaced over ``items`` (all of them when ``len(items) <= k``)."""
-    if len(items) <= k:
-        return list(items)
-    return [items[(i * len(items)) // k] for i in range(k)]
 
 
 def _pick(templates: Sequence[str], key: str) -> str:
@@ -310,8 +241,15 @@ def _code_prompts() -> list[_Item]:
 def _math_prompts() -> list[_Item]:
     return [
         _Item(
-            f"gsm8k/{p.doc_id}", "math", "gsm8k", p.doc_id, gsm8k_prompt(p.question), (gsm8k_prompt(p.question),),
-            0, True, frozenset({_normalise(p.question)}),
+            f"gsm8k/{p.doc_id}",
+            "math",
+            "gsm8k",
+            p.doc_id,
+            gsm8k_prompt(p.question),
+            (gsm8k_prompt(p.question),),
+            0,
+            True,
+            frozenset({_normalise(p.question)}),
         )
         for p in corpora.read_gsm8k()
     ]
@@ -320,7 +258,14 @@ def _math_prompts() -> list[_Item]:
 def _chat_prompts() -> list[_Item]:
     return [
         _Item(
-            f"mt_bench/{q.doc_id}", "chat", "mt_bench", q.doc_id, q.turns[0], q.turns, 0, True,
+            f"mt_bench/{q.doc_id}",
+            "chat",
+            "mt_bench",
+            q.doc_id,
+            q.turns[0],
+            q.turns,
+            0,
+            True,
             frozenset(map(_normalise, q.turns)),
         )
         for q in corpora.read_mt_bench()
@@ -391,8 +336,14 @@ def load_prompts(
         chosen = _select(_prompt_items(domain), split, limit_per_domain, seed, leak_keys, EVAL_PROMPTS_PER_DOMAIN)
         logger.info("%s/%s: %d prompts", domain, split, len(chosen))
         rows.extend(
-            {"id": i.id, "domain": i.domain, "source": i.source, "doc_id": i.doc_id, "prompt": i.text,
-             "turns": list(i.turns)}
+            {
+                "id": i.id,
+                "domain": i.domain,
+                "source": i.source,
+                "doc_id": i.doc_id,
+                "prompt": i.text,
+                "turns": list(i.turns),
+            }
             for i in chosen
         )
     return Dataset.from_list(rows, features=PROMPT_FEATURES)
@@ -401,6 +352,7 @@ def load_prompts(
 # ---------------------------------------------------------------------------------------------
 # Plain text for teacher-forced training
 # ---------------------------------------------------------------------------------------------
+
 
 def _strip_calculator(answer: str) -> str:
     """GSM8K answers annotate arithmetic as ``<<16-3-4=9>>``: drop the annotations."""
@@ -425,8 +377,13 @@ def _text_items(domain: str, chunk_words: int) -> list[_Item]:
         return items
     if domain == "math":
         return [
-            item("gsm8k", p.doc_id, 0, f"{p.question}\n\n{_strip_calculator(p.answer)}",
-                 frozenset({_normalise(p.question)}))
+            item(
+                "gsm8k",
+                p.doc_id,
+                0,
+                f"{p.question}\n\n{_strip_calculator(p.answer)}",
+                frozenset({_normalise(p.question)}),
+            )
             for p in corpora.read_gsm8k()
         ]
     if domain == "chat":
@@ -471,142 +428,3 @@ def load_text_corpus(
         logger.info("%s/%s: %d text chunks", domain, split, len(chosen))
         rows.extend({"text": i.text, "domain": i.domain, "source": i.source, "doc_id": i.doc_id} for i in chosen)
     return Dataset.from_list(rows, features=TEXT_FEATURES)
-
-
-# ---------------------------------------------------------------------------------------------
-# User prompt sets
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_nonempty_str(value: Any) -> bool:
-    return isinstance(value, str) and bool(value.strip())
-
-
-def load_prompts_jsonl(path: str | Path, default_domain: str | None = None) -> Dataset:
-    """Read a user prompt set: one JSON object per line with ``"prompt"`` and ``"domain"``.
-
-    Optional keys: ``"id"`` (default ``"<file stem>/<line number>"``), ``"doc_id"`` (default: the
-    id; prompts sharing a ``doc_id`` are one document), ``"source"`` (default: the file name) and
-    ``"turns"`` (list of user turns; when given without ``"prompt"``, the first turn is the
-    prompt). ``default_domain`` fills in lines without ``"domain"``. Blank lines are skipped.
-    Raises ``ValueError`` naming each bad line (up to 10) and what is wrong with it.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Prompt file {path} does not exist.")
-    rows: list[dict[str, Any]] = []
-    errors: list[str] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                errors.append(f"line {number}: not valid JSON ({err.msg} at column {err.colno})")
-                continue
-            if not isinstance(record, dict):
-                errors.append(f"line {number}: expected a JSON object, got {type(record).__name__}")
-                continue
-            row, problem = _user_row(record, default_domain, f"{path.stem}/{number}", path.name)
-            if problem:
-                errors.append(f"line {number}: {problem}")
-            else:
-                rows.append(row)
-    if errors:
-        shown = "\n  ".join(errors[:10]) + (f"\n  … and {len(errors) - 10} more" if len(errors) > 10 else "")
-        raise ValueError(
-            f"{path}: {len(errors)} bad line(s); each line must be a JSON object like "
-            f'{{"prompt": "...", "domain": "code"}} (pass default_domain= to label lines without '
-            f'a domain):\n  {shown}'
-        )
-    if not rows:
-        raise ValueError(f"{path} holds no prompts (only blank lines).")
-    return Dataset.from_list(rows, features=PROMPT_FEATURES)
-
-
-def _user_row(
-    record: dict[str, Any], default_domain: str | None, default_id: str, default_source: str
-) -> tuple[dict[str, Any], str | None]:
-    """One schema row from a user record, or an explanation of what is wrong with it."""
-    found = f"(keys found: {', '.join(sorted(map(str, record))) or 'none'})"
-    turns = record.get("turns")
-    if turns is not None and not (
-        isinstance(turns, list) and turns and all(_is_nonempty_str(t) for t in turns)
-    ):
-        return {}, "'turns' must be a non-empty list of non-empty strings"
-    prompt = record.get("prompt", turns[0] if turns else None)
-    if prompt is None:
-        return {}, f"missing 'prompt' {found}"
-    if not _is_nonempty_str(prompt):
-        return {}, f"'prompt' must be a non-empty string, got {type(prompt).__name__} {str(prompt)[:40]!r}"
-    if turns is not None and turns[0] != prompt:
-        return {}, "'turns'[0] must equal 'prompt' (the prompt is the first user turn)"
-    domain = record.get("domain", default_domain)
-    if domain is None:
-        return {}, f"missing 'domain' {found}"
-    if not _is_nonempty_str(domain):
-        return {}, f"'domain' must be a non-empty string, got {domain!r}"
-    row_id = str(record.get("id", default_id))
-    return {
-        "id": row_id,
-        "domain": domain,
-        "source": str(record.get("source", default_source)),
-        "doc_id": str(record.get("doc_id", row_id)),
-        "prompt": prompt,
-        "turns": list(turns or [prompt]),
-    }, None
-
-
-def as_prompt_dataset(ds: Dataset, prompt_column: str = "prompt", domain: str | None = None) -> Dataset:
-    """Validate a user :class:`datasets.Dataset` and return it in the schema of :data:`PROMPT_FEATURES`.
-
-    ``prompt_column`` must hold non-empty strings (one user turn each). ``domain`` sets the domain
-    of every row; without it the dataset needs a ``domain`` column. Optional ``id``, ``source``,
-    ``doc_id`` and ``turns`` columns are kept (defaults: ``"user/<row>"``, ``"user"``, the id,
-    ``[prompt]``); other columns are dropped.
-    """
-    if isinstance(ds, DatasetDict):
-        raise TypeError(f"Got a DatasetDict with splits {list(ds)}; pass one split, e.g. ds['train'].")
-    if isinstance(ds, IterableDataset):
-        raise TypeError("Got an IterableDataset; materialise it first, e.g. Dataset.from_list(list(ds.take(n))).")
-    if not isinstance(ds, Dataset):
-        raise TypeError(f"Expected a datasets.Dataset, got {type(ds).__name__}.")
-    if prompt_column not in ds.column_names:
-        raise ValueError(
-            f"Dataset has no column {prompt_column!r} (columns: {ds.column_names}); "
-            "pass prompt_column= naming the column that holds the user prompt."
-        )
-    if domain is None and "domain" not in ds.column_names:
-        raise ValueError(
-            f"Dataset has no 'domain' column (columns: {ds.column_names}); pass domain='...' to label every row."
-        )
-    if domain is not None and not _is_nonempty_str(domain):
-        raise ValueError(f"domain must be a non-empty string, got {domain!r}.")
-
-    columns = ds.column_names
-    rows = []
-    for index, record in enumerate(ds):
-        prompt = record[prompt_column]
-        if not _is_nonempty_str(prompt):
-            hint = (
-                " It looks like chat messages: map them to the user-turn text first, e.g. "
-                "ds.map(lambda r: {'prompt': r['messages'][0]['content']})."
-                if isinstance(prompt, list)
-                else ""
-            )
-            raise ValueError(
-                f"Row {index}: column {prompt_column!r} must hold a non-empty string, got "
-                f"{type(prompt).__name__} {str(prompt)[:60]!r}.{hint}"
-            )
-        user = {key: record[key] for key in ("id", "source", "doc_id", "turns") if key in columns}
-        user["prompt"] = prompt
-        user["domain"] = domain if domain is not None else record["domain"]
-        row, problem = _user_row(user, None, f"user/{index}", "user")
-        if problem:
-            raise ValueError(f"Row {index}: {problem}.")
-        rows.append(row)
-    dropped = [c for c in columns if c not in PROMPT_FEATURES and c != prompt_column]
-    if dropped:
-        logger.info("as_prompt_dataset: dropping columns %s", dropped)
-    return Dataset.from_list(rows, features=PROMPT_FEATURES)

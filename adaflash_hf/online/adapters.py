@@ -39,7 +39,9 @@ class LoraSettings:
 
     rank: int = field(default=16, metadata={"help": "LoRA rank."})
     alpha: float = field(default=32.0, metadata={"help": "LoRA alpha (scaling alpha / rank)."})
-    target_modules: tuple[str, ...] = field(default=DEFAULT_TARGET_MODULES, metadata={"help": "Drafter linear layers that get an adapter."})
+    target_modules: tuple[str, ...] = field(
+        default=DEFAULT_TARGET_MODULES, metadata={"help": "Drafter linear layers that get an adapter."}
+    )
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -50,7 +52,9 @@ class LoraSettings:
     def peft_config(self):
         from peft import LoraConfig
 
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=list(self.target_modules), lora_dropout=0.0)
+        return LoraConfig(
+            r=self.rank, lora_alpha=self.alpha, target_modules=list(self.target_modules), lora_dropout=0.0
+        )
 
 
 class AdapterError(ValueError):
@@ -58,7 +62,8 @@ class AdapterError(ValueError):
 
 
 def attach_lora(drafter: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
-    """Inject a zero-initialised LoRA adapter ("default") into ``drafter`` in place; outputs are unchanged until a swap."""
+    """Inject a zero-initialised LoRA adapter ("default") into ``drafter`` in place; outputs are unchanged until a
+    swap."""
     from peft import inject_adapter_in_model
 
     inject_adapter_in_model(settings.peft_config(), drafter)
@@ -78,10 +83,15 @@ def check_adapter_state(state: dict[str, torch.Tensor], reference: dict[str, tor
     """Raise :class:`AdapterError` unless ``state`` has the reference's keys and shapes and only finite values."""
     missing, extra = sorted(set(reference) - set(state)), sorted(set(state) - set(reference))
     if missing or extra:
-        raise AdapterError(f"adapter keys do not match the drafter's LoRA layers (missing {missing[:3]}, unexpected {extra[:3]}).")
+        raise AdapterError(
+            f"adapter keys do not match the drafter's LoRA layers (missing {missing[:3]}, unexpected {extra[:3]})."
+        )
     for key, value in state.items():
         if value.shape != reference[key].shape:
-            raise AdapterError(f"adapter tensor {key} has shape {tuple(value.shape)}, the drafter expects {tuple(reference[key].shape)}.")
+            raise AdapterError(
+                f"adapter tensor {key} has shape {tuple(value.shape)}, the drafter expects "
+                f"{tuple(reference[key].shape)}."
+            )
         if not bool(torch.isfinite(value).all()):
             raise AdapterError(f"adapter tensor {key} holds NaN or inf values.")
 
@@ -126,7 +136,8 @@ class AdapterSlot:
 
 
 def _injected_key(key: str) -> str:
-    """peft's saved key (``base_model.model.x.lora_A.weight``) -> the injected parameter name (``x.lora_A.default.weight``)."""
+    """peft's saved key (``base_model.model.x.lora_A.weight``) -> the injected parameter name
+    (``x.lora_A.default.weight``)."""
     key = key.removeprefix(PEFT_PREFIX)
     return key.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
 
@@ -136,8 +147,15 @@ def _injected_key(key: str) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def publish_adapter(publish_dir: str | Path, version: int, state: dict[str, torch.Tensor], settings: LoraSettings,
-                    base_drafter: str, metrics: dict | None = None, target: str | None = None) -> Path:
+def publish_adapter(
+    publish_dir: str | Path,
+    version: int,
+    state: dict[str, torch.Tensor],
+    settings: LoraSettings,
+    base_drafter: str,
+    metrics: dict | None = None,
+    target: str | None = None,
+) -> Path:
     """Write version ``version`` to ``publish_dir/v000N/`` atomically, then point ``LATEST`` at it.
 
     The folder is a peft adapter (``PeftModel.from_pretrained(drafter, folder)`` loads it) with a
@@ -215,7 +233,9 @@ class AdapterFollower:
         latest = self.latest()
         if latest is None or latest <= self.slot.version:
             return False
-        for version in sorted((v for v in published_versions(self.publish_dir) if self.slot.version < v <= latest), reverse=True):
+        for version in sorted(
+            (v for v in published_versions(self.publish_dir) if self.slot.version < v <= latest), reverse=True
+        ):
             try:
                 self.slot.offer(version, load_adapter_state(self.publish_dir / f"v{version:04d}"))
                 return True
@@ -251,11 +271,15 @@ def merge_adapter(drafter, adapter_dir: str | Path):
     return merged
 
 
-def push_adapter_to_hub(adapter_dir: str | Path, repo_id: str, *, private: bool = False, token: str | None = None) -> str:
+def push_adapter_to_hub(
+    adapter_dir: str | Path, repo_id: str, *, private: bool = False, token: str | None = None
+) -> str:
     """Upload a published adapter folder (peft format, with its model card) to the Hub; returns the repo URL."""
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=str(adapter_dir), commit_message=f"AdaFlash OPD adapter {Path(adapter_dir).name}")
+    api.upload_folder(
+        repo_id=repo_id, folder_path=str(adapter_dir), commit_message=f"AdaFlash OPD adapter {Path(adapter_dir).name}"
+    )
     return str(url)

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cli_args import dtype_field
+from ..cli_args import drafter_field, dtype_field, target_field
 
 logger = logging.getLogger(__name__)
 
@@ -35,15 +35,22 @@ FAULTS = ("kill", "nan", "corrupt", "full")
 class SoakArgs:
     """Options of ``adaflash soak-opd``."""
 
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "Drafter ('auto': the bundled one)."})
+    target: str = target_field("smollm2-135m")
+    drafter: str = drafter_field()
     dtype: str = dtype_field("the target and drafter (fp32: outputs are compared bit for bit)", default="fp32")
     requests: int = field(default=1000, metadata={"help": "Requests in the soak."})
     concurrency: int = field(default=8, metadata={"help": "Requests in flight at once."})
-    distinct_prompts: int = field(default=48, metadata={"help": "Distinct prompts (mixed domains, train split); requests cycle through them."})
+    distinct_prompts: int = field(
+        default=48, metadata={"help": "Distinct prompts (mixed domains, train split); requests cycle through them."}
+    )
     max_new_tokens: int = field(default=32, metadata={"help": "New tokens per request."})
-    faults: str = field(default="kill,nan,corrupt,full", metadata={"help": "Faults to inject, spread over the run (subset of kill, nan, corrupt, full)."})
-    output: str = field(default="results/soak_opd.json", metadata={"help": "Report JSON (a .txt summary goes beside it)."})
+    faults: str = field(
+        default="kill,nan,corrupt,full",
+        metadata={"help": "Faults to inject, spread over the run (subset of kill, nan, corrupt, full)."},
+    )
+    output: str = field(
+        default="results/soak_opd.json", metadata={"help": "Report JSON (a .txt summary goes beside it)."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("requests", "concurrency", "distinct_prompts", "max_new_tokens"):
@@ -67,8 +74,20 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[list[int]], *, requests: int,
-         concurrency: int, max_new_tokens: int, faults: list[str], opd_config=None, publish_dir: str | None = None) -> dict:
+def soak(
+    target,
+    drafter,
+    tokenizer,
+    prompts: list[list[int]],
+    references: list[list[int]],
+    *,
+    requests: int,
+    concurrency: int,
+    max_new_tokens: int,
+    faults: list[str],
+    opd_config=None,
+    publish_dir: str | None = None,
+) -> dict:
     """Run the soak on loaded models; ``references[i]`` is the target's own greedy output for ``prompts[i]``."""
     import copy
 
@@ -81,12 +100,18 @@ def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[
 
     publish_dir = publish_dir or tempfile.mkdtemp(prefix="adaflash-soak-")
     base = copy.deepcopy(drafter)  # the external engine's drafter, before LoRA is injected into the serving one
-    config = opd_config or OPDConfig(min_trajectories=4, batch_trajectories=2, steps_per_version=2, duty_cycle=0.5,
-                                     lr=1e-3, buffer_trajectories=32)
+    config = opd_config or OPDConfig(
+        min_trajectories=4, batch_trajectories=2, steps_per_version=2, duty_cycle=0.5, lr=1e-3, buffer_trajectories=32
+    )
     config.publish_dir = publish_dir
     opd = AdaFlashOPD(target, drafter, config, base_drafter_name="soak-drafter")
-    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=concurrency, max_queue=4 * concurrency, calibrate=False),
-                          opd=opd)
+    scheduler = Scheduler(
+        target,
+        drafter,
+        tokenizer,
+        SchedulerConfig(max_batch_size=concurrency, max_queue=4 * concurrency, calibrate=False),
+        opd=opd,
+    )
     external = attach_lora(base, opd.settings)
     follower = AdapterFollower(publish_dir, AdapterSlot(external))
     fault_at = {f: int(requests * (i + 1) / (len(faults) + 1)) for i, f in enumerate(faults)}
@@ -104,7 +129,7 @@ def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[
         for i in range(n):
             ids = torch.tensor([prompts[i]])
             out = generate(target, external, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-            ok &= out.sequences[0, ids.shape[1]:].tolist()[: out.num_new_tokens[0]] == references[i]
+            ok &= out.sequences[0, ids.shape[1] :].tolist()[: out.num_new_tokens[0]] == references[i]
         return ok
 
     def inject(fault: str, done: int) -> None:
@@ -160,9 +185,20 @@ def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[
                 pending.add(asyncio.create_task(one(next_request)))
                 next_request += 1
                 if next_request % 50 == 0:
-                    memory.append({"requests": next_request, "rss_mb": round(rss_mb(), 1), "seconds": round(time.perf_counter() - loop_start, 1),
-                                   "opd": _brief(opd.status())})
-                    logger.info("soak: %d requests, rss %.0f MiB, adapter v%d", next_request, memory[-1]["rss_mb"], opd.slot.version)
+                    memory.append(
+                        {
+                            "requests": next_request,
+                            "rss_mb": round(rss_mb(), 1),
+                            "seconds": round(time.perf_counter() - loop_start, 1),
+                            "opd": _brief(opd.status()),
+                        }
+                    )
+                    logger.info(
+                        "soak: %d requests, rss %.0f MiB, adapter v%d",
+                        next_request,
+                        memory[-1]["rss_mb"],
+                        opd.slot.version,
+                    )
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()
@@ -189,18 +225,30 @@ def soak(target, drafter, tokenizer, prompts: list[list[int]], references: list[
         elif entry["fault"] == "full":
             buffer = entry.get("buffer_at_resume", status["buffer"])
             entry["recovered"] = buffer["dropped"] > 0 and buffer["size"] <= config.buffer_trajectories
-    after_warmup = [m["rss_mb"] for m in memory[len(memory) // 4:]] or [rss_mb()]
+    after_warmup = [m["rss_mb"] for m in memory[len(memory) // 4 :]] or [rss_mb()]
     lost = [i for i in range(requests) if i not in results or results[i][1] not in ("stop", "length")]
     report = {
-        "requests": requests, "concurrency": concurrency, "max_new_tokens": max_new_tokens, "seconds": round(seconds, 1),
-        "lost": lost, "duplicated": duplicates, "mismatched": mismatches,
-        "faults": log, "memory": memory,
+        "requests": requests,
+        "concurrency": concurrency,
+        "max_new_tokens": max_new_tokens,
+        "seconds": round(seconds, 1),
+        "lost": lost,
+        "duplicated": duplicates,
+        "mismatched": mismatches,
+        "faults": log,
+        "memory": memory,
         "rss_growth_after_warmup_mb": round(max(after_warmup) - after_warmup[0], 1),
         "opd": _brief(status),
-        "adapter_swaps": status["swaps"], "published_versions": status["published"],
+        "adapter_swaps": status["swaps"],
+        "published_versions": status["published"],
     }
-    report["passed"] = (not lost and not duplicates and not mismatches and all(e.get("recovered") for e in log)
-                        and report["rss_growth_after_warmup_mb"] < 0.1 * after_warmup[0] + 100)
+    report["passed"] = (
+        not lost
+        and not duplicates
+        and not mismatches
+        and all(e.get("recovered") for e in log)
+        and report["rss_growth_after_warmup_mb"] < 0.1 * after_warmup[0] + 100
+    )
     return report
 
 
@@ -210,8 +258,20 @@ def _faults_taken(status: dict, faults) -> bool:
 
 
 def _brief(status: dict) -> dict:
-    keep = ("state", "worker_alive", "adapter_version", "published_version", "steps", "nan_steps", "restarts", "swaps",
-            "published", "rejected_versions", "errors", "buffer")
+    keep = (
+        "state",
+        "worker_alive",
+        "adapter_version",
+        "published_version",
+        "steps",
+        "nan_steps",
+        "restarts",
+        "swaps",
+        "published",
+        "rejected_versions",
+        "errors",
+        "buffer",
+    )
     return {k: status[k] for k in keep}
 
 
@@ -231,18 +291,35 @@ def run_soak(args: SoakArgs) -> int:
     references = []
     for p in prompts:  # the target's own greedy output, one prompt at a time
         ids = torch.tensor([p])
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False,
-                              pad_token_id=tokenizer.pad_token_id)[0, len(p):].tolist()
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )[0, len(p) :].tolist()
         eos = set(torch.tensor(target.generation_config.eos_token_id).flatten().tolist())
         cut = next((i + 1 for i, t in enumerate(out) if t in eos), len(out))
         references.append(out[:cut])
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    report = soak(target, drafter, tokenizer, prompts, references, requests=args.requests, concurrency=args.concurrency,
-                  max_new_tokens=args.max_new_tokens, faults=args.fault_list,
-                  publish_dir=str(output.with_suffix("")) + "_publish")
-    report = {"command": "adaflash soak-opd " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items()),
-              "domains": sorted({r["domain"] for r in rows}), **report}
+    report = soak(
+        target,
+        drafter,
+        tokenizer,
+        prompts,
+        references,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        max_new_tokens=args.max_new_tokens,
+        faults=args.fault_list,
+        publish_dir=str(output.with_suffix("")) + "_publish",
+    )
+    report = {
+        "command": "adaflash soak-opd " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items()),
+        "domains": sorted({r["domain"] for r in rows}),
+        **report,
+    }
     output.write_text(json.dumps(report, indent=2))
     summary = summarise(report)
     output.with_suffix(".txt").write_text(summary + "\n")
@@ -251,12 +328,17 @@ def run_soak(args: SoakArgs) -> int:
 
 
 def summarise(report: dict) -> str:
-    lines = [f"OPD soak: {report['requests']} requests, concurrency {report['concurrency']}, {report['seconds']} s: "
-             f"{'PASSED' if report['passed'] else 'FAILED'}",
-             f"lost {len(report['lost'])}, duplicated {len(report['duplicated'])}, outputs different from the target's "
-             f"{len(report['mismatched'])}",
-             f"adapter versions published {report['published_versions']}, swaps {report['adapter_swaps']}, "
-             f"rss growth after warm-up {report['rss_growth_after_warmup_mb']} MiB"]
+    lines = [
+        f"OPD soak: {report['requests']} requests, concurrency {report['concurrency']}, {report['seconds']} s: "
+        f"{'PASSED' if report['passed'] else 'FAILED'}",
+        f"lost {len(report['lost'])}, duplicated {len(report['duplicated'])}, outputs different from the target's "
+        f"{len(report['mismatched'])}",
+        f"adapter versions published {report['published_versions']}, swaps {report['adapter_swaps']}, "
+        f"rss growth after warm-up {report['rss_growth_after_warmup_mb']} MiB",
+    ]
     for entry in report["faults"]:
-        lines.append(f"fault {entry['fault']:8s} at request {entry['at_request']:5d}: {'recovered' if entry.get('recovered') else 'NOT recovered'}")
+        lines.append(
+            f"fault {entry['fault']:8s} at request {entry['at_request']:5d}: "
+            f"{'recovered' if entry.get('recovered') else 'NOT recovered'}"
+        )
     return "\n".join(lines)

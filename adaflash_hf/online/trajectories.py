@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.prompts import spread_evenly
+from ..data.excerpts import spread_evenly
+from ..drafters import load_retention_samples
 
 
 @dataclass
@@ -47,7 +48,10 @@ class Trajectory:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.tokens, self.features, self.teacher_ids, self.teacher_logprobs, self.rejected))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.tokens, self.features, self.teacher_ids, self.teacher_logprobs, self.rejected)
+        )
 
 
 class TrajectoryBuffer:
@@ -98,7 +102,13 @@ class TrajectoryBuffer:
 
     def counters(self) -> dict[str, int]:
         with self._lock:
-            return {"size": len(self._items), "bytes": self._bytes, "added": self.added, "dropped": self.dropped, "taken": self.taken}
+            return {
+                "size": len(self._items),
+                "bytes": self._bytes,
+                "added": self.added,
+                "dropped": self.dropped,
+                "taken": self.taken,
+            }
 
 
 @dataclass
@@ -146,8 +156,16 @@ class TrajectoryRecorder:
         ids, logprobs = self._teacher(logits[None])
         tag = self.tag_for(row_id) if self.tag_for is not None else ""
         with self._lock:
-            self._open[row_id] = _Open(list(prompt_ids) + [first_token], len(prompt_ids), [features.to(torch.bfloat16, copy=True)],
-                                       [ids], [logprobs], [], tag, {"target": 1})
+            self._open[row_id] = _Open(
+                list(prompt_ids) + [first_token],
+                len(prompt_ids),
+                [features.to(torch.bfloat16, copy=True)],
+                [ids],
+                [logprobs],
+                [],
+                tag,
+                {"target": 1},
+            )
 
     def on_round(self, row_id: Hashable, features, logits, tokens: Sequence[int], num_drafts: int, source: str) -> None:
         with self._lock:
@@ -173,8 +191,18 @@ class TrajectoryRecorder:
         tokens = torch.tensor(row.tokens, dtype=torch.int32)
         rejected = torch.zeros(len(tokens), dtype=torch.bool)
         rejected[row.rejected] = True
-        self.buffer.add(Trajectory(tokens, row.prompt_len, torch.cat(row.features), torch.cat(row.teacher_ids),
-                                   torch.cat(row.teacher_logprobs), rejected, row.tag, row.source_tokens))
+        self.buffer.add(
+            Trajectory(
+                tokens,
+                row.prompt_len,
+                torch.cat(row.features),
+                torch.cat(row.teacher_ids),
+                torch.cat(row.teacher_logprobs),
+                rejected,
+                row.tag,
+                row.source_tokens,
+            )
+        )
 
     @property
     def open_rows(self) -> int:
@@ -183,8 +211,9 @@ class TrajectoryRecorder:
 
 
 @torch.no_grad()
-def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence[int], prompt_len: int = 1, top_k: int = 32,
-                              tag: str = "") -> Trajectory:
+def teacher_forced_trajectory(
+    target, layer_ids: Sequence[int], tokens: Sequence[int], prompt_len: int = 1, top_k: int = 32, tag: str = ""
+) -> Trajectory:
     """The trajectory the recorder would keep had the engine decoded ``tokens[prompt_len:]`` after
     ``tokens[:prompt_len]``, from one target forward over the whole sequence: for text the target
     produced before (a drafter's datastore of its greedy responses), no generation is needed.
@@ -202,37 +231,15 @@ def teacher_forced_trajectory(target, layer_ids: Sequence[int], tokens: Sequence
     features = context_features(out.hidden_states, list(layer_ids))[0, :-1]  # after tokens 0..T-2
     logprobs = torch.log_softmax(out.logits[0, prompt_len - 1 : -1].float(), dim=-1)
     values, top = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
-    return Trajectory(ids[0].int().cpu(), prompt_len, features.to(torch.bfloat16).cpu(), top.int().cpu(), values.cpu(),
-                      torch.zeros(ids.shape[1], dtype=torch.bool), tag)
-
-
-def save_retention_samples(samples: Sequence[tuple[Sequence[int], int]], path) -> None:
-    """Write ``(tokens, prompt_len)`` samples (a prompt and the target's response) as a drafter folder's
-    ``retention.safetensors``: flat int32 ``ids``, ``lengths`` and ``starts`` (where each response begins)."""
-    from safetensors.torch import save_file
-
-    save_file({"ids": torch.tensor([t for tokens, _ in samples for t in tokens], dtype=torch.int32),
-               "lengths": torch.tensor([len(tokens) for tokens, _ in samples], dtype=torch.int64),
-               "starts": torch.tensor([start for _, start in samples], dtype=torch.int64)}, str(path))
-
-
-def load_retention_samples(path) -> list[tuple[list[int], int]]:
-    """The ``(tokens, prompt_len)`` samples of a ``retention.safetensors`` file; a clear error when it is unusable."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(str(path))
-        if {"ids", "lengths", "starts"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["ids"].numel():
-            raise ValueError("it needs flat 'ids', the 'lengths' of its samples (summing to its size) and their 'starts'")
-        samples = [(s.tolist(), int(start)) for s, start in zip(torch.split(tensors["ids"].long(), tensors["lengths"].tolist()),
-                                                                 tensors["starts"].tolist())]
-        if any(not 1 <= start < len(tokens) for tokens, start in samples):
-            raise ValueError("every sample needs a prompt and a response (0 < start < length)")
-    except (SafetensorError, ValueError) as error:
-        raise OSError(f"The retention samples {path} cannot be read ({error}): rebuild them (adaflash prepare-drafter) "
-                      "or delete the file (OPD then checks on the datastore's responses).") from error
-    return samples
+    return Trajectory(
+        ids[0].int().cpu(),
+        prompt_len,
+        features.to(torch.bfloat16).cpu(),
+        top.int().cpu(),
+        values.cpu(),
+        torch.zeros(ids.shape[1], dtype=torch.bool),
+        tag,
+    )
 
 
 def retention_samples(drafter, count: int, max_response_tokens: int = 128) -> list[tuple[list[int], int]]:

@@ -23,7 +23,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cli_args import DTYPES, check_choice, dtype_field
+from ..cli_args import (
+    DTYPES,
+    check_choice,
+    domains_field,
+    drafter_field,
+    dtype_field,
+    json_field,
+    num_threads_field,
+    target_field,
+)
 
 METHODS = ("plain", "adaflash")
 LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method serves before each level
@@ -31,8 +40,8 @@ LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method s
 
 @dataclass
 class ConcurrencyBenchArgs:
-    target: str = field(default="smollm2-135m", metadata={"help": "Preset, folder or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled), a folder or a Hub id."})
+    target: str = target_field("smollm2-135m")
+    drafter: str = drafter_field()
     concurrency: str = field(default="1,4,8,16,32", metadata={"help": "Comma-separated numbers of requests kept in flight."})
     methods: str = field(default="plain,adaflash@16,adaflash@4,adaflash",
                          metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."})
@@ -40,12 +49,12 @@ class ConcurrencyBenchArgs:
     repeats: int = field(default=1, metadata={"help": "Measured passes per method and level, the methods interleaved in each "
                                                       "(throughput: all passes' tokens over their time; latencies pooled)."})
     max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
-    domains: str = field(default="code,math,chat,news", metadata={"help": "Domains of the held-out eval prompts."})
+    domains: str = domains_field("code,math,chat,news")
     prompts: str = field(default="eval", metadata={"help": "'eval' (the preset's held-out prompts of --domains) or a JSONL file "
                                                            "of {prompt, domain} lines (at least 5 prompts)."})
     dtype: str = dtype_field()
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)."})
-    json: str = field(default="bench_concurrency.json", metadata={"help": "Where to write the JSON results."})
+    num_threads: int | None = num_threads_field()
+    json: str = json_field("bench_concurrency.json")
     plot: str = field(default="bench_concurrency.png", metadata={"help": "Throughput against concurrency plot ('' to skip)."})
 
     def __post_init__(self):
@@ -244,8 +253,8 @@ def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
 def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     import torch
 
-    from ..bench import code_provenance
     from ..drafters import load_drafter
+    from ..provenance import code_provenance
     from ..targets import load_target
     from .app import create_app
     from .server import ServerThread

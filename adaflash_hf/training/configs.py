@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli_args import DTYPES, check_choice, dtype_field
+from ..cli_args import (
+    DRAFTER_HELP,
+    DTYPES,
+    check_choice,
+    drafter_field,
+    dtype_field,
+    num_threads_field,
+    seed_field,
+    target_field,
+)
 
 
 @dataclass
@@ -19,17 +28,17 @@ class GenerateDataConfig:
     """``adaflash generate-data``: the target's own greedy responses to training prompts, cached for training."""
 
     data_dir: str = field(metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
+    target: str = target_field("smollm2-135m")
     target_dtype: str = dtype_field()
-    drafter: str = field(default="none", metadata={"help": "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens."})
+    drafter: str = drafter_field("none", "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens")
     train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."})
     prompts: str | None = field(default=None, metadata={"help": "A JSONL file of your own prompts ({\"prompt\": ..., \"domain\": ...} per line, e.g. logged traffic) to answer instead of the training prompts of --train-domains; their responses join the datastore that prepare-drafter builds from DATA_DIR/train."})
     prompts_per_domain: int = field(default=10_000, metadata={"help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value finds the same cache); with --prompts, at most this many of the file's prompts per domain."})
-    seed: int = field(default=0, metadata={"help": "Shuffle seed of the prompts (train-drafter's --seed)."})
+    seed: int = seed_field("the prompt order (train-drafter's --seed)")
     max_new_tokens: int = field(default=256, metadata={"help": "Response length (train-drafter's --gen-max-new-tokens)."})
     batch_size: int = field(default=16, metadata={"help": "Prompts decoded together."})
     max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+    num_threads: int | None = num_threads_field()
 
     def __post_init__(self) -> None:
         for name in ("prompts_per_domain", "max_new_tokens", "batch_size"):
@@ -49,7 +58,7 @@ class PrepareDrafterConfig:
     drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
     output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
     data_dir: str | None = field(default=None, metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target preset or path (for 'auto' and the special tokens)."})
+    target: str = target_field("smollm2-135m", "for 'auto' and the special tokens")
     size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
     min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
     datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
@@ -111,7 +120,7 @@ class TrainDrafterConfig:
     """Recipe of one drafter training run. Every field has a default except ``output_dir``."""
 
     output_dir: str = field(metadata={"help": "Folder for data cache, checkpoints, metrics and the final drafter."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
+    target: str = target_field("smollm2-135m")
     target_dtype: str = dtype_field("the frozen target")
     num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
     intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
@@ -134,7 +143,7 @@ class TrainDrafterConfig:
     max_minutes: float | None = field(default=None, metadata={"help": "Wall-clock budget of the training loop; the cosine follows whichever budget is nearer its end."})
     eval_every: int = field(default=100, metadata={"help": "Steps between held-out evaluations."})
     checkpoint_every: int = field(default=100, metadata={"help": "Steps between checkpoints (the latest two are kept)."})
-    seed: int = field(default=0, metadata={"help": "Seed of initialisation, data order and anchors."})
+    seed: int = seed_field("initialisation, data order and anchors")
     train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of training prompts and corpus text."})
     corpus_fraction: float = field(default=0.8, metadata={"help": "Fraction of micro-batches from teacher-forced corpus text; the rest are self-generated responses."})
     corpus_limit_per_domain: int | None = field(default=None, metadata={"help": "Cap on corpus text chunks per domain (None: all)."})
@@ -145,7 +154,7 @@ class TrainDrafterConfig:
     eval_anchors: int = field(default=64, metadata={"help": "Anchors per held-out sequence in the teacher-forced evaluation."})
     engine_eval_prompts: int = field(default=6, metadata={"help": "Held-out prompts decoded with the real engine at the end (0: skip)."})
     data_dir: str | None = field(default=None, metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default). On shared CPUs, 1 avoids oversubscription stalls."})
+    num_threads: int | None = num_threads_field("; on shared CPUs, 1 avoids oversubscription stalls")
     resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
     init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
     self_gen_cached_only: bool = field(default=False, metadata={"help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), generating none."})
@@ -203,9 +212,9 @@ class TrainLengthHeadConfig:
     """``adaflash train-length-head``: record acceptance with the real engine, fit the head, evaluate it held out."""
 
     output_dir: str = field(default="runs/length-head", metadata={"help": "Folder for the record cache, the trained head (OUTPUT_DIR/length_head) and its summary."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id (see load_target)."})
+    target: str = target_field("smollm2-135m")
     target_dtype: str = dtype_field("the target and drafter while recording")
-    drafter: str = field(default="auto", metadata={"help": "Drafter whose hidden states the head reads: 'auto' (bundled for the preset), a folder or a Hub id."})
+    drafter: str = drafter_field(help_text=f"Drafter whose hidden states the head reads: {DRAFTER_HELP}")
     train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training and held-out prompts."})
     train_prompts_per_domain: int = field(default=100, metadata={"help": "Training-split prompts per domain decoded for training records."})
     eval_prompts_per_domain: int = field(default=40, metadata={"help": "Eval-split prompts per domain decoded for the held-out evaluation."})
@@ -220,8 +229,8 @@ class TrainLengthHeadConfig:
     train_batch_size: int = field(default=256, metadata={"help": "Records per optimizer step."})
     validation_fraction: float = field(default=0.1, metadata={"help": "Share of training records held back to pick the epoch."})
     head_dtype: str = field(default="fp32", metadata={"help": "dtype of the saved head (it is tiny either way).", "choices": ("fp32", "bf16")})
-    seed: int = field(default=0, metadata={"help": "Seed of prompt order, initialisation and batches."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+    seed: int = seed_field("prompt order, initialisation and batches")
+    num_threads: int | None = num_threads_field()
 
     def __post_init__(self) -> None:
         for name in ("train_prompts_per_domain", "eval_prompts_per_domain", "max_new_tokens", "batch_size", "head_size",

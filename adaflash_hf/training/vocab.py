@@ -63,7 +63,9 @@ SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
 
 
 @torch.no_grad()
-def corpus_prediction_counts(target, tokenizer, domains: list[str], num_tokens: int, seq_len: int = 512) -> tuple[Counter, Counter]:
+def corpus_prediction_counts(
+    target, tokenizer, domains: list[str], num_tokens: int, seq_len: int = 512
+) -> tuple[Counter, Counter]:
     """The target's greedy predictions on ``num_tokens`` of training corpus text (one forward per window),
     counted as (train, held-out) with every tenth window held out: a cheap stand-in for its outputs."""
     from ..data import load_text_corpus
@@ -86,13 +88,20 @@ def corpus_prediction_counts(target, tokenizer, domains: list[str], num_tokens: 
     return counts, held_out
 
 
-def pick_retention_samples(sequences, count: int = 48, max_prompt_tokens: int = 384, max_response_tokens: int = 128,
-                           min_response_tokens: int = 16) -> list[tuple[list[int], int]]:
+def pick_retention_samples(
+    sequences,
+    count: int = 48,
+    max_prompt_tokens: int = 384,
+    max_response_tokens: int = 128,
+    min_response_tokens: int = 16,
+) -> list[tuple[list[int], int]]:
     """``count`` (prompt + response cut to ``max_response_tokens``, prompt length) samples spread evenly over
     cached training sequences (``TrainingSequence``: input_ids, start), for OPD's retention check."""
-    from ..data.prompts import spread_evenly
+    from ..data.excerpts import spread_evenly
 
-    usable = [s for s in sequences if s.start <= max_prompt_tokens and len(s.input_ids) - s.start >= min_response_tokens]
+    usable = [
+        s for s in sequences if s.start <= max_prompt_tokens and len(s.input_ids) - s.start >= min_response_tokens
+    ]
     return [(s.input_ids[: s.start + max_response_tokens].tolist(), int(s.start)) for s in spread_evenly(usable, count)]
 
 
@@ -106,74 +115,125 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     train = read_cached_sequences(Path(config.data_dir) / "train") if config.data_dir else []
     responses = [s.input_ids[s.start :].tolist() for s in train]
     if not train and not config.corpus_tokens:
-        raise ValueError(f"no cached responses under {config.data_dir}/train: run `adaflash generate-data --data-dir "
-                         f"{config.data_dir}` first, or count the target's predictions on corpus text with --corpus-tokens N.")
+        raise ValueError(
+            f"no cached responses under {config.data_dir}/train: run `adaflash generate-data --data-dir "
+            f"{config.data_dir}` first, or count the target's predictions on corpus text with --corpus-tokens N."
+        )
     held_out = read_cached_sequences(Path(config.data_dir) / "eval") if config.data_dir else []
     if train and not held_out:  # no eval cache: hold out every tenth training response
         train, held_out = [s for i, s in enumerate(train) if i % 10], train[::10]
     counts, eval_counts = response_token_counts(train), response_token_counts(held_out)
     if config.corpus_tokens:
-        corpus_counts, corpus_held_out = corpus_prediction_counts(target, tokenizer, ["code", "math", "chat"], config.corpus_tokens)
+        corpus_counts, corpus_held_out = corpus_prediction_counts(
+            target, tokenizer, ["code", "math", "chat"], config.corpus_tokens
+        )
         counts.update(corpus_counts)
         eval_counts.update(corpus_held_out)
     vocab_size = drafter.config.vocab_size
     always = [t for t in torch.tensor(target.generation_config.eos_token_id).flatten().tolist()]
     table = []
     for size in [s for s in SIZES if s < vocab_size] + [vocab_size]:
-        table.append({"size": size, "heldout_coverage": round(coverage(most_frequent(counts, size, vocab_size, always), eval_counts), 5)})
+        table.append(
+            {
+                "size": size,
+                "heldout_coverage": round(coverage(most_frequent(counts, size, vocab_size, always), eval_counts), 5),
+            }
+        )
     print(f"{sum(counts.values())} counted tokens ({len(counts)} distinct), {sum(eval_counts.values())} held-out")
     print(f"{'size':>7} {'held-out coverage':>18}")
     for row in table:
         print(f"{row['size']:>7} {row['heldout_coverage']:>18.4f}")
-    size = config.size or next(r["size"] for r in table if r["heldout_coverage"] >= config.min_coverage or r["size"] == vocab_size)
+    size = config.size or next(
+        r["size"] for r in table if r["heldout_coverage"] >= config.min_coverage or r["size"] == vocab_size
+    )
     if config.keep_vocab:
         size = drafter.config.draft_vocab_size or vocab_size
         kept = drafter.draft_vocab.cpu() if drafter.draft_vocab is not None else torch.arange(vocab_size)
         kept_coverage = round(coverage(kept, eval_counts), 5)
         print(f"keeping the drafter's draft vocabulary of {size} tokens: held-out coverage {kept_coverage:.4f}")
-    elif size >= vocab_size and config.size is None and len(table) > 1:  # keep the counting's work: take the largest tried size
+    elif (
+        size >= vocab_size and config.size is None and len(table) > 1
+    ):  # keep the counting's work: take the largest tried size
         size = table[-2]["size"]
-        print(f"note: no size below the whole vocabulary reaches held-out coverage {config.min_coverage} with this much data; "
-              f"using {size} ({table[-2]['heldout_coverage']:.2%}). Count more tokens, or pass --size.")
+        print(
+            f"note: no size below the whole vocabulary reaches held-out coverage {config.min_coverage} with this much "
+            f"data; "
+            f"using {size} ({table[-2]['heldout_coverage']:.2%}). Count more tokens, or pass --size."
+        )
     if not config.keep_vocab:
         drafter.set_draft_vocab(most_frequent(counts, size, vocab_size, always))
     out = Path(config.output_dir)
     drafter.save_pretrained(out)
     write_datastore = config.datastore and bool(responses)
     retention = pick_retention_samples(train)
-    (out / "draft_vocab.json").write_text(json.dumps({
-        "size": size, "heldout_coverage": (kept_coverage if config.keep_vocab else
-                                           next((r["heldout_coverage"] for r in table if r["size"] == size),
-                                                round(coverage(drafter.draft_vocab.cpu(), eval_counts), 5))),
-        "kept_vocab": config.keep_vocab,
-        "counted_tokens": sum(counts.values()), "heldout_tokens": sum(eval_counts.values()),
-        "response_tokens": sum(map(len, responses)), "corpus_prediction_tokens": config.corpus_tokens,
-        "datastore_tokens": sum(map(len, responses)) if write_datastore else 0,
-        "coverage_table": table, "data_dir": config.data_dir, "retention_samples": len(retention),
-    }, indent=1) + "\n")
+    (out / "draft_vocab.json").write_text(
+        json.dumps(
+            {
+                "size": size,
+                "heldout_coverage": (
+                    kept_coverage
+                    if config.keep_vocab
+                    else next(
+                        (r["heldout_coverage"] for r in table if r["size"] == size),
+                        round(coverage(drafter.draft_vocab.cpu(), eval_counts), 5),
+                    )
+                ),
+                "kept_vocab": config.keep_vocab,
+                "counted_tokens": sum(counts.values()),
+                "heldout_tokens": sum(eval_counts.values()),
+                "response_tokens": sum(map(len, responses)),
+                "corpus_prediction_tokens": config.corpus_tokens,
+                "datastore_tokens": sum(map(len, responses)) if write_datastore else 0,
+                "coverage_table": table,
+                "data_dir": config.data_dir,
+                "retention_samples": len(retention),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     if write_datastore:
         save_datastore(responses, out / DATASTORE_FILE)
     if retention:
-        from ..drafters import RETENTION_FILE
-        from ..online.trajectories import save_retention_samples
+        from ..drafters import RETENTION_FILE, save_retention_samples
 
         save_retention_samples(retention, out / RETENTION_FILE)
-        print(f"wrote {len(retention)} retention samples (prompts with their responses, for OPD's check) to {out / RETENTION_FILE}")
-    print(f"wrote {out} with a draft vocabulary of {size} tokens"
-          + (f" and a datastore of {sum(map(len, responses))} response tokens" if write_datastore else ""))
+        print(
+            f"wrote {len(retention)} retention samples (prompts with their responses, for OPD's check) to "
+            f"{out / RETENTION_FILE}"
+        )
+    print(
+        f"wrote {out} with a draft vocabulary of {size} tokens"
+        + (f" and a datastore of {sum(map(len, responses))} response tokens" if write_datastore else "")
+    )
     if config.acceptance_prompts:
-        prior = learn_acceptance_prior(target, drafter, train[-config.acceptance_prompts:], responses, config.acceptance_tokens,
-                                       tokenizer.pad_token_id)
+        prior = learn_acceptance_prior(
+            target,
+            drafter,
+            train[-config.acceptance_prompts :],
+            responses,
+            config.acceptance_tokens,
+            tokenizer.pad_token_id,
+        )
         (out / PRIOR_FILE).write_text(json.dumps(prior) + "\n")
-        print(f"wrote {out / PRIOR_FILE}: acceptance counts for {len(prior['entries'])} features from "
-              f"{prior['prompts']} held-out training prompts")
+        print(
+            f"wrote {out / PRIOR_FILE}: acceptance counts for {len(prior['entries'])} features from "
+            f"{prior['prompts']} held-out training prompts"
+        )
     return 0
 
 
 @torch.inference_mode()
-def learn_acceptance_prior(target, drafter, sequences: list[TrainingSequence], responses: list[list[int]],
-                           max_new_tokens: int, pad_token_id: int | None) -> dict:
-    """The acceptance rates the engine learns decoding ``sequences``' prompts greedily, exported for ``acceptance_prior.json``.
+def learn_acceptance_prior(
+    target,
+    drafter,
+    sequences: list[TrainingSequence],
+    responses: list[list[int]],
+    max_new_tokens: int,
+    pad_token_id: int | None,
+) -> dict:
+    """The acceptance rates the engine learns decoding ``sequences``' prompts greedily, exported for
+    ``acceptance_prior.json``.
 
     Those prompts' own responses leave the datastore for this run (otherwise every datastore match would be
     a perfect copy and its rates far too high); the drafter keeps its draft vocabulary and the default
@@ -185,7 +245,10 @@ def learn_acceptance_prior(target, drafter, sequences: list[TrainingSequence], r
     from ..decoding.proposers import DraftingState, NGramIndex
 
     if not sequences:
-        raise ValueError("acceptance_prompts needs cached training responses under data_dir/train: run `adaflash generate-data` first.")
+        raise ValueError(
+            "acceptance_prompts needs cached training responses under data_dir/train: run `adaflash generate-data` "
+            "first."
+        )
     held = {tuple(s.input_ids[s.start :].tolist()) for s in sequences}
     datastore = NGramIndex()
     for stream in responses:
@@ -196,8 +259,16 @@ def learn_acceptance_prior(target, drafter, sequences: list[TrainingSequence], r
     try:
         for s in tqdm(sequences, desc="acceptance prior", unit="prompt"):
             prompt = s.input_ids[None, : s.start].to(target.device)
-            generate(target, drafter, prompt, torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False,
-                     pad_token_id=pad_token_id, drafting_state=state)
+            generate(
+                target,
+                drafter,
+                prompt,
+                torch.ones_like(prompt),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_token_id,
+                drafting_state=state,
+            )
     finally:
         del drafter.adaflash_datastore
     return {**state.estimator.export(), "prompts": len(sequences), "max_new_tokens": max_new_tokens}

@@ -41,7 +41,9 @@ class AdaFlashLengthHeadConfig(PretrainedConfig):
         self.drafter = drafter
         super().__init__(**kwargs)
         if block_size < 2:
-            raise ValueError(f"block_size={block_size}: a block holds the anchor plus at least one draft, so it must be >= 2.")
+            raise ValueError(
+                f"block_size={block_size}: a block holds the anchor plus at least one draft, so it must be >= 2."
+            )
         if hidden_size < 1 or head_size < 1:
             raise ValueError(f"hidden_size ({hidden_size}) and head_size ({head_size}) must be >= 1.")
 

@@ -59,8 +59,15 @@ class AdaFlashDrafterConfig(PretrainedConfig):
     keys_to_ignore_at_inference = ["past_key_values"]
     # Fields that fix the weights' shapes: a config.json without them would load as a mismatch of
     # every weight, so reading one is refused with their names instead.
-    required_fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                       "num_key_value_heads", "target_layer_ids")
+    required_fields = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "target_layer_ids",
+    )
 
     def __init__(
         self,
@@ -95,7 +102,9 @@ class AdaFlashDrafterConfig(PretrainedConfig):
         for legacy_key in ("rope_theta", "rope_scaling"):
             legacy = kwargs.pop(legacy_key, None)
             if legacy is not None and rope_parameters is None:
-                rope_parameters = {"rope_type": "default", "rope_theta": legacy} if legacy_key == "rope_theta" else dict(legacy)
+                rope_parameters = (
+                    {"rope_type": "default", "rope_theta": legacy} if legacy_key == "rope_theta" else dict(legacy)
+                )
         kwargs.pop("model_type", None)  # a DFlash config says "qwen3"; this class is always adaflash_drafter
         for ignored in ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers", "is_causal"):
             kwargs.pop(ignored, None)
@@ -139,15 +148,22 @@ class AdaFlashDrafterConfig(PretrainedConfig):
         if model_type not in (None, cls.model_type):
             if "dflash_config" not in config_dict:
                 raise ValueError(
-                    f"{pretrained_model_name_or_path} holds a `{model_type}` model, not a drafter: drafter configs have "
+                    f"{pretrained_model_name_or_path} holds a `{model_type}` model, not a drafter: drafter configs "
+                    f"have "
                     f"model_type `{cls.model_type}`, or a `dflash_config` section (the z-lab DFlash layout)."
                 )
             config_dict = {**config_dict, "model_type": cls.model_type}  # DFlash layout: __init__ reads it as is
-        missing = [name for name in cls.required_fields if name not in config_dict and name not in dflash and name not in kwargs]
+        missing = [
+            name
+            for name in cls.required_fields
+            if name not in config_dict and name not in dflash and name not in kwargs
+        ]
         if missing:
             raise ValueError(
-                f"the drafter config in {pretrained_model_name_or_path} lacks {', '.join(missing)}: these fields fix the "
-                "shapes of the drafter's weights. Save the drafter again with save_pretrained, or add them to config.json."
+                f"the drafter config in {pretrained_model_name_or_path} lacks {', '.join(missing)}: these fields fix "
+                f"the "
+                "shapes of the drafter's weights. Save the drafter again with save_pretrained, or add them to "
+                "config.json."
             )
         return config_dict, kwargs
 

@@ -139,8 +139,14 @@ class AdaFlashAttention(nn.Module):
         impl = self.config._attn_implementation
         attention = eager_attention if impl in (None, "eager") else ALL_ATTENTION_FUNCTIONS[impl]
         output, _ = attention(
-            self, query, key, value, attention_mask,
-            dropout=self.config.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
         )
         return self.o_proj(output.reshape(bsz, q_len, -1))
 
@@ -157,7 +163,9 @@ class AdaFlashDecoderLayer(nn.Module):
         # The context enters un-normalised per layer, as in DFlash: it is normalised once by hidden_norm.
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = residual + self.self_attn(hidden_states, context, position_embeddings, attention_mask, cache, **kwargs)
+        hidden_states = residual + self.self_attn(
+            hidden_states, context, position_embeddings, attention_mask, cache, **kwargs
+        )
         residual = hidden_states
         return residual + self.mlp(self.post_attention_layernorm(hidden_states))
 
@@ -248,7 +256,9 @@ class AdaFlashDrafter(AdaFlashPreTrainedModel):
         self.config.draft_vocab_size = ids.numel()
 
     @classmethod
-    def from_target(cls, target: PreTrainedModel, num_layers: int = 1, block_size: int = 16, **overrides) -> AdaFlashDrafter:
+    def from_target(
+        cls, target: PreTrainedModel, num_layers: int = 1, block_size: int = 16, **overrides
+    ) -> AdaFlashDrafter:
         """A fresh, randomly initialised drafter sized for a loaded ``target``.
 
         Hidden size, attention shape, RoPE, vocabulary and special tokens come from the target; the
@@ -291,7 +301,9 @@ class AdaFlashDrafter(AdaFlashPreTrainedModel):
         """
         wants_info = kwargs.pop("output_loading_info", False)
         try:
-            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
+            )
         except SafetensorError as error:
             raise OSError(
                 f"The drafter weights in {pretrained_model_name_or_path} cannot be read ({error}): the file is corrupt "
@@ -300,7 +312,8 @@ class AdaFlashDrafter(AdaFlashPreTrainedModel):
         broken = {k: sorted(v)[:8] for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
         if broken:
             raise ValueError(
-                f"The drafter checkpoint in {pretrained_model_name_or_path} is incomplete or does not match its config: "
+                f"The drafter checkpoint in {pretrained_model_name_or_path} is incomplete or does not match its "
+                f"config: "
                 f"{broken}. Re-download it, or check that config.json belongs to these weights."
             )
         return (model, info) if wants_info else model

@@ -32,10 +32,10 @@ from adaflash_hf.online import (
     save_retention_samples,
     teacher_forced_trajectory,
 )
-from adaflash_hf.online import opd as opd_module
+from adaflash_hf.online import distiller as distiller_module
 from adaflash_hf.online.adapters import AdapterError, adapter_state, load_adapter_state
 from adaflash_hf.online.soak import rss_mb
-from adaflash_hf.training.length_head import AlwaysDraftState
+from adaflash_hf.training.length_head_records import AlwaysDraftState
 from adaflash_hf.training.losses import clipped_reverse_kl, opd_topk_loss, topk_reverse_kl
 
 from conftest import greedy_reference, left_pad, random_prompts, tiny_target
@@ -107,8 +107,14 @@ def test_opd_topk_loss_mixes_ce_and_kl_and_skips_labels_outside_the_draft_vocab(
 # ------------------------------------------------------------------------------------------------
 # recording and the buffer
 def _trajectory(n: int, features: int = 8) -> Trajectory:
-    return Trajectory(torch.arange(n, dtype=torch.int32), 2, torch.zeros(n - 1, features, dtype=torch.bfloat16),
-                      torch.zeros(n - 2, 4, dtype=torch.int32), torch.zeros(n - 2, 4), torch.zeros(n, dtype=torch.bool))
+    return Trajectory(
+        torch.arange(n, dtype=torch.int32),
+        2,
+        torch.zeros(n - 1, features, dtype=torch.bfloat16),
+        torch.zeros(n - 2, 4, dtype=torch.int32),
+        torch.zeros(n - 2, 4),
+        torch.zeros(n, dtype=torch.bool),
+    )
 
 
 def test_buffer_is_bounded_in_count_and_bytes_and_drops_the_oldest():
@@ -138,7 +144,9 @@ def test_buffer_is_thread_safe():
         for _ in range(300):
             taken.extend(buffer.take(3))
 
-    threads = [threading.Thread(target=produce) for _ in range(4)] + [threading.Thread(target=consume) for _ in range(2)]
+    threads = [threading.Thread(target=produce) for _ in range(4)] + [
+        threading.Thread(target=consume) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -163,16 +171,26 @@ def test_recorded_trajectories_match_a_fresh_target_pass(pair):
     for t in trajectories:  # they arrive in the order rows finish
         row = prompts.index(t.tokens[: t.prompt_len].tolist())
         prompt = ids[row][mask[row].bool()]
-        new = out.sequences[row, ids.shape[1]:][: out.num_new_tokens[row]]
+        new = out.sequences[row, ids.shape[1] :][: out.num_new_tokens[row]]
         assert t.tokens.tolist() == prompt.tolist() + new.tolist()
         assert len(t.features) == len(t.tokens) - 1 and len(t.teacher_ids) == t.num_generated
         ref = target(t.tokens[None, :-1].long(), output_hidden_states=True)
-        torch.testing.assert_close(t.features.float(), context_features(ref.hidden_states, drafter.config.target_layer_ids)[0],
-                                   atol=3e-2, rtol=3e-2)  # stored as bf16
-        assert torch.equal(t.teacher_ids[:, 0].long(), ref.logits[0, t.prompt_len - 1:].argmax(-1))  # greedy: the tokens
-        assert torch.equal(t.teacher_ids[:, 0].long(), t.tokens[t.prompt_len:].long())
-        torch.testing.assert_close(t.teacher_logprobs, torch.log_softmax(ref.logits[0, t.prompt_len - 1:], -1).topk(5, -1).values,
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            t.features.float(),
+            context_features(ref.hidden_states, drafter.config.target_layer_ids)[0],
+            atol=3e-2,
+            rtol=3e-2,
+        )  # stored as bf16
+        assert torch.equal(
+            t.teacher_ids[:, 0].long(), ref.logits[0, t.prompt_len - 1 :].argmax(-1)
+        )  # greedy: the tokens
+        assert torch.equal(t.teacher_ids[:, 0].long(), t.tokens[t.prompt_len :].long())
+        torch.testing.assert_close(
+            t.teacher_logprobs,
+            torch.log_softmax(ref.logits[0, t.prompt_len - 1 :], -1).topk(5, -1).values,
+            atol=1e-4,
+            rtol=1e-4,
+        )
         assert sum(t.source_tokens.values()) == t.num_generated
 
 
@@ -181,9 +199,19 @@ def test_a_teacher_forced_trajectory_is_what_the_recorder_keeps_for_the_same_tok
     target, drafter = pair
     buffer = TrajectoryBuffer()
     ids = torch.tensor([random_prompts([6], seed=2)[0]])
-    generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=16, do_sample=False, observer=TrajectoryRecorder(buffer, top_k=5))
+    generate(
+        target,
+        drafter,
+        ids,
+        torch.ones_like(ids),
+        max_new_tokens=16,
+        do_sample=False,
+        observer=TrajectoryRecorder(buffer, top_k=5),
+    )
     (recorded,) = buffer.take(1)
-    built = teacher_forced_trajectory(target, drafter.config.target_layer_ids, recorded.tokens.tolist(), recorded.prompt_len, top_k=5)
+    built = teacher_forced_trajectory(
+        target, drafter.config.target_layer_ids, recorded.tokens.tolist(), recorded.prompt_len, top_k=5
+    )
     assert torch.equal(built.tokens, recorded.tokens) and built.prompt_len == recorded.prompt_len
     torch.testing.assert_close(built.features.float(), recorded.features.float(), atol=3e-2, rtol=3e-2)
     assert torch.equal(built.teacher_ids, recorded.teacher_ids)
@@ -217,7 +245,7 @@ def test_the_generate_path_records_too(pair):
     (t,) = buffer.take(5)
     assert t.tokens.tolist() == out[0, : len(t.tokens)].tolist()  # all but the final round
     assert len(t.tokens) > ids.shape[1] + 1
-    assert torch.equal(t.teacher_ids[:, 0].long(), t.tokens[t.prompt_len:].long())
+    assert torch.equal(t.teacher_ids[:, 0].long(), t.tokens[t.prompt_len :].long())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,8 +288,17 @@ def test_a_swap_happens_only_between_rounds_and_never_tears(pair):
         ids, mask = left_pad(random_prompts([5, 8]))
         # the drafter drafts every round: the default state skips it where it does not seem to pay, and the
         # default policy's guard may hold plain steps (no proposals at all) for a batch whose drafts lose
-        out = generate(target, drafter, ids, mask, max_new_tokens=30, do_sample=False, observer=SwapBetweenRounds(),
-                       drafting_state=AlwaysDraftState(), verify_policy=FixedVerifyLength())
+        out = generate(
+            target,
+            drafter,
+            ids,
+            mask,
+            max_new_tokens=30,
+            do_sample=False,
+            observer=SwapBetweenRounds(),
+            drafting_state=AlwaysDraftState(),
+            verify_policy=FixedVerifyLength(),
+        )
     finally:
         stop.set()
         thread.join()
@@ -317,18 +354,29 @@ def test_publish_follow_skips_a_corrupt_version_and_merge_matches(pair, tmp_path
     x, ctx = torch.randn(1, 5, 64), torch.randn(1, 6, base.fc.in_features)
     pos = torch.arange(11)[None]
     with torch.no_grad():
-        torch.testing.assert_close(merged(noise_embeds=x, context_hidden_states=ctx, position_ids=pos).last_hidden_state,
-                                   serving(noise_embeds=x, context_hidden_states=ctx, position_ids=pos).last_hidden_state,
-                                   atol=2e-4, rtol=1e-3)
+        torch.testing.assert_close(
+            merged(noise_embeds=x, context_hidden_states=ctx, position_ids=pos).last_hidden_state,
+            serving(noise_embeds=x, context_hidden_states=ctx, position_ids=pos).last_hidden_state,
+            atol=2e-4,
+            rtol=1e-3,
+        )
     assert isinstance(merged, AdaFlashDrafter)
 
 
 # ------------------------------------------------------------------------------------------------
 # the pipeline and its faults
 def _opd(target, drafter, **overrides) -> AdaFlashOPD:
-    config = dict(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2, duty_cycle=1.0, lr=1e-2,
-                  worker="thread",  # the background thread; the inline tests below ask for "inline"
-                  min_improvement=-1.0)  # every checked version is published: these tests are about swaps and faults, not the check
+    config = dict(
+        min_trajectories=2,
+        batch_trajectories=2,
+        passes=1,
+        steps_per_version=1,
+        check_every=2,
+        duty_cycle=1.0,
+        lr=1e-2,
+        worker="thread",  # the background thread; the inline tests below ask for "inline"
+        min_improvement=-1.0,
+    )  # every checked version is published: these tests are about swaps and faults, not the check
     config.update(overrides)
     return AdaFlashOPD(target, drafter, OPDConfig(**config))
 
@@ -363,7 +411,9 @@ def test_opd_trains_publishes_swaps_and_stays_lossless(pair, tmp_path):
         opd.stop()
     status = opd.status()
     assert status["steps"] > 0 and status["published"] >= 1 and status["adapter_version"] >= 1, status
-    assert (tmp_path / "LATEST").exists() and (tmp_path / f"v{status['published_version']:04d}" / "adapter_config.json").exists()
+    assert (tmp_path / "LATEST").exists() and (
+        tmp_path / f"v{status['published_version']:04d}" / "adapter_config.json"
+    ).exists()
     assert status["tau_history"] and status["errors"] == []
 
 
@@ -426,7 +476,11 @@ def test_an_idle_trainer_revisits_recent_trajectories_only_when_replay_is_on(pai
             if replay:
                 assert _wait(lambda opd=opd: opd.status()["replayed_batches"] >= 3, timeout=60)
             else:
-                assert _wait(lambda opd=opd: opd.status()["trained_trajectories"] == 2 and opd.status()["state"] == "waiting for data")
+                assert _wait(
+                    lambda opd=opd: (
+                        opd.status()["trained_trajectories"] == 2 and opd.status()["state"] == "waiting for data"
+                    )
+                )
                 time.sleep(1.0)
         finally:
             opd.stop()
@@ -446,9 +500,17 @@ def test_retention_samples_round_trip_and_opd_checks_on_their_prompts(pair, tmp_
     assert load_retention_samples(path) == samples
     drafter.adaflash_retention_file = str(path)
     try:
-        assert retention_samples(drafter, 2, max_response_tokens=10) == [(samples[0][0][:15], 5), (samples[2][0][:13], 3)]
-        opd = AdaFlashOPD(target, drafter, OPDConfig(retention_trajectories=2, rehearsal_trajectories=0, worker="inline"))
-        assert [p for _, p in opd._retention_text] == [5, 3]  # prompts kept: the check reads responses after their questions
+        assert retention_samples(drafter, 2, max_response_tokens=10) == [
+            (samples[0][0][:15], 5),
+            (samples[2][0][:13], 3),
+        ]
+        opd = AdaFlashOPD(
+            target, drafter, OPDConfig(retention_trajectories=2, rehearsal_trajectories=0, worker="inline")
+        )
+        assert [p for _, p in opd._retention_text] == [
+            5,
+            3,
+        ]  # prompts kept: the check reads responses after their questions
         path.write_bytes(b"not a safetensors file")
         with pytest.raises(OSError, match="retention samples .* cannot be read"):
             retention_samples(drafter, 2)
@@ -461,16 +523,33 @@ def test_prepare_drafter_picks_retention_samples_with_short_prompts_and_enough_r
     from adaflash_hf.training.vocab import pick_retention_samples
 
     sequences = [TrainingSequence(torch.arange(100), start) for start in (10, 500, 95, 20, 30, 40)]
-    picked = pick_retention_samples(sequences, count=2, max_prompt_tokens=384, max_response_tokens=50, min_response_tokens=16)
-    assert picked == [(list(range(60)), 10), (list(range(80)), 30)]  # 500 (prompt too long) and 95 (5-token response) left out
+    picked = pick_retention_samples(
+        sequences, count=2, max_prompt_tokens=384, max_response_tokens=50, min_response_tokens=16
+    )
+    assert picked == [
+        (list(range(60)), 10),
+        (list(range(80)), 30),
+    ]  # 500 (prompt too long) and 95 (5-token response) left out
 
 
 def test_a_version_that_costs_the_trained_domains_is_not_published(pair):
     """The retention check: a candidate must keep the base drafter's τ on text of its training domains."""
     target, drafter = pair
     text = [p + p for p in random_prompts([12, 10, 14], seed=5)]
-    opd = AdaFlashOPD(target, drafter, OPDConfig(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1000,
-                                                 check_every=2, retention_trajectories=3, worker="inline"), retention=text)
+    opd = AdaFlashOPD(
+        target,
+        drafter,
+        OPDConfig(
+            min_trajectories=2,
+            batch_trajectories=2,
+            passes=1,
+            steps_per_version=1000,
+            check_every=2,
+            retention_trajectories=3,
+            worker="inline",
+        ),
+        retention=text,
+    )
     _serve(target, drafter, opd, 1)  # 4 trajectories: 2 trained on, 2 held out
     while opd.retention_base_tau is None:
         assert opd._work_once(wait=0.0) > 0
@@ -489,9 +568,21 @@ def test_a_version_that_costs_the_trained_domains_is_not_published(pair):
 def test_rehearsal_mixes_trained_domain_trajectories_into_every_batch(pair):
     target, drafter = pair
     text = [p + p for p in random_prompts([12, 10, 14, 11], seed=6)]
-    opd = AdaFlashOPD(target, drafter, OPDConfig(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1000,
-                                                 check_every=2, retention_trajectories=1, rehearsal_trajectories=2,
-                                                 worker="inline"), retention=text)
+    opd = AdaFlashOPD(
+        target,
+        drafter,
+        OPDConfig(
+            min_trajectories=2,
+            batch_trajectories=2,
+            passes=1,
+            steps_per_version=1000,
+            check_every=2,
+            retention_trajectories=1,
+            rehearsal_trajectories=2,
+            worker="inline",
+        ),
+        retention=text,
+    )
     batches = []
     opd._guarded_step = lambda batch: batches.append([t.tag for t in batch])
     _serve(target, drafter, opd, 1)
@@ -507,8 +598,10 @@ def test_the_trainer_hands_freed_heap_back_after_each_check(pair, monkeypatch):
     soak's resident memory grew 1 GB in 1,000 requests before this)."""
     target, drafter = pair
     calls = []
-    monkeypatch.setattr(opd_module, "release_freed_heap", lambda: calls.append(1))
-    opd = _opd(target, drafter, steps_per_version=2, worker="inline", retention_trajectories=0, rehearsal_trajectories=0)
+    monkeypatch.setattr(distiller_module, "release_freed_heap", lambda: calls.append(1))
+    opd = _opd(
+        target, drafter, steps_per_version=2, worker="inline", retention_trajectories=0, rehearsal_trajectories=0
+    )
     _serve(target, drafter, opd, 2)
     for _ in range(4):
         assert opd._work_once(wait=0.0) > 0
@@ -585,16 +678,35 @@ def test_the_soak_survives_every_fault(pair):
     references = []
     for p in prompts:
         ids = torch.tensor([p])
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+        out = target.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False, pad_token_id=0
+        )[0, len(p) :].tolist()
         references.append(out[: out.index(3) + 1] if 3 in out else out)
 
     class Tokenizer:
         pad_token_id = 0
 
-    report = soak(target, drafter, Tokenizer(), prompts, references, requests=80, concurrency=4, max_new_tokens=16,
-                  faults=["kill", "nan", "corrupt", "full"],
-                  opd_config=OPDConfig(min_trajectories=2, batch_trajectories=2, passes=1, steps_per_version=1, check_every=2,
-                                       duty_cycle=1.0, lr=1e-2, buffer_trajectories=8))
+    report = soak(
+        target,
+        drafter,
+        Tokenizer(),
+        prompts,
+        references,
+        requests=80,
+        concurrency=4,
+        max_new_tokens=16,
+        faults=["kill", "nan", "corrupt", "full"],
+        opd_config=OPDConfig(
+            min_trajectories=2,
+            batch_trajectories=2,
+            passes=1,
+            steps_per_version=1,
+            check_every=2,
+            duty_cycle=1.0,
+            lr=1e-2,
+            buffer_trajectories=8,
+        ),
+    )
     assert not report["lost"] and not report["duplicated"] and not report["mismatched"], report
     assert {e["fault"] for e in report["faults"]} == {"kill", "nan", "corrupt", "full"}
     assert all(e["recovered"] for e in report["faults"]), report["faults"]
@@ -665,7 +777,11 @@ def test_an_inline_fault_stops_training_not_serving_and_is_restarted(pair):
     opd.inject_fault("kill")
     opd._credit = 1.0
     _serve(target, drafter, opd, 1, reference)  # the next round's training dies; the round itself is served
-    assert opd.status()["state"] == "dead" and not opd.status()["worker_alive"] and "worker killed" in opd.status()["errors"]
+    assert (
+        opd.status()["state"] == "dead"
+        and not opd.status()["worker_alive"]
+        and "worker killed" in opd.status()["errors"]
+    )
     assert opd.check_health() and opd.status()["restarts"] == 1 and opd.status()["worker_alive"]
     opd.inject_fault("nan")
     _serve(target, drafter, opd, 2, reference)
@@ -686,19 +802,25 @@ def test_an_idle_scheduler_gives_its_thread_to_inline_training(pair):
 
     target, drafter = pair
     opd = _opd(target, drafter, worker="inline", steps_per_version=1000, duty_cycle=0.01)
-    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=4, calibrate=False), opd=opd)
+    scheduler = Scheduler(
+        target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=4, calibrate=False), opd=opd
+    )
     prompts = random_prompts([5, 7, 9, 6], seed=4)
-    reference = [greedy_reference(target, p, 16)[len(p):] for p in prompts]
+    reference = [greedy_reference(target, p, 16)[len(p) :] for p in prompts]
 
     async def client():
-        first = await asyncio.gather(*(scheduler.submit(p, RequestParams(max_new_tokens=16)).collect() for p in prompts))
+        first = await asyncio.gather(
+            *(scheduler.submit(p, RequestParams(max_new_tokens=16)).collect() for p in prompts)
+        )
         before = opd.status()["steps"]
         for _ in range(400):  # no requests: the engine trains (replaying what it has) instead of waiting
             if opd.status()["steps"] >= before + 3:
                 break
             await asyncio.sleep(0.05)
         idle_steps = opd.status()["steps"] - before
-        again = await asyncio.gather(*(scheduler.submit(p, RequestParams(max_new_tokens=16)).collect() for p in prompts))
+        again = await asyncio.gather(
+            *(scheduler.submit(p, RequestParams(max_new_tokens=16)).collect() for p in prompts)
+        )
         return first, again, idle_steps
 
     first, again, idle_steps = serve_while(scheduler, client)

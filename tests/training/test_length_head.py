@@ -15,17 +15,10 @@ from adaflash_hf.configuration_length_head import AdaFlashLengthHeadConfig
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.policy import FixedVerifyLength, GoodputVerifyLength, LengthHeadVerifyLength
 from adaflash_hf.modeling_length_head import AdaFlashLengthHead, register
-from adaflash_hf.training.length_head import (
-    AlwaysDraftState,
-    RecordingVerifyLength,
-    TrainLengthHeadConfig,
-    calibration,
-    expected_accepted,
-    load_length_head,
-    survival_loss,
-    survival_targets,
-    train_length_head,
-)
+from adaflash_hf.training.configs import TrainLengthHeadConfig
+from adaflash_hf.training.length_head import load_length_head, train_length_head
+from adaflash_hf.training.length_head_fit import calibration, expected_accepted, survival_loss, survival_targets
+from adaflash_hf.training.length_head_records import AlwaysDraftState, RecordingVerifyLength
 
 from conftest import greedy_reference, left_pad, random_prompts
 
@@ -34,7 +27,9 @@ BUNDLED = Path(adaflash_hf.__file__).parent / "bundled"
 
 def tiny_head(hidden_size: int = 64, block_size: int = 5, seed: int = 0) -> AdaFlashLengthHead:
     torch.manual_seed(seed)
-    head = AdaFlashLengthHead(AdaFlashLengthHeadConfig(hidden_size=hidden_size, block_size=block_size, head_size=16)).eval()
+    head = AdaFlashLengthHead(
+        AdaFlashLengthHeadConfig(hidden_size=hidden_size, block_size=block_size, head_size=16)
+    ).eval()
     with torch.no_grad():  # spread the predictions, so verify lengths differ between rounds
         for p in head.parameters():
             p.normal_(0, 0.5)
@@ -49,13 +44,18 @@ def same_outputs(a, b, hidden) -> bool:
 
 # ---------------------------------------------------------------------------------------------- Hub files
 
+
 def test_save_load_round_trip_and_remote_code(tmp_path):
     head = tiny_head()
     head.save_pretrained(tmp_path)
     assert {"config.json", "model.safetensors", "modeling_length_head.py", "configuration_length_head.py"} <= {
-        p.name for p in tmp_path.iterdir()}
+        p.name for p in tmp_path.iterdir()
+    }
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model_type"] == "adaflash_length_head" and config["auto_map"]["AutoModel"] == "modeling_length_head.AdaFlashLengthHead"
+    assert (
+        config["model_type"] == "adaflash_length_head"
+        and config["auto_map"]["AutoModel"] == "modeling_length_head.AdaFlashLengthHead"
+    )
     hidden = torch.randn(3, 5, 64)
     assert same_outputs(AdaFlashLengthHead.from_pretrained(tmp_path), head, hidden)
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
@@ -94,20 +94,30 @@ def test_bundled_head_is_current_and_fits_the_bundled_drafter():
         preset = folder.name.removesuffix("-length-head")
         drafter_config = json.loads((BUNDLED / preset / "config.json").read_text())
         head = load_length_head("auto", target_name=preset)
-        assert (head.config.hidden_size, head.config.block_size) == (drafter_config["hidden_size"], drafter_config["block_size"])
+        assert (head.config.hidden_size, head.config.block_size) == (
+            drafter_config["hidden_size"],
+            drafter_config["block_size"],
+        )
         assert sum(p.stat().st_size for p in folder.glob("*.safetensors")) < 5 * 2**20
 
 
 # ---------------------------------------------------------------------------------------------- loss and calibration
 
+
 def test_survival_targets_mark_drafts_at_risk():
     labels, mask = survival_targets(torch.tensor([0, 2, 4, 1]), torch.tensor([4, 4, 4, 1]), 4)
-    assert mask.tolist() == [[True, False, False, False], [True, True, True, False], [True] * 4, [True, False, False, False]]
+    assert mask.tolist() == [
+        [True, False, False, False],
+        [True, True, True, False],
+        [True] * 4,
+        [True, False, False, False],
+    ]
     assert labels.tolist()[1] == [1, 1, 0, 0] and labels.tolist()[3] == [1, 0, 0, 0]
 
 
 def test_survival_loss_ignores_censored_positions():
-    """Logits after the first rejection or past the verified drafts carry no label: they change neither loss nor gradient."""
+    """Logits after the first rejection or past the verified drafts carry no label: they change neither loss nor
+    gradient."""
     accepted, verified = torch.tensor([1, 3, 0, 2]), torch.tensor([6, 3, 6, 2])
     logits = torch.randn(4, 6, requires_grad=True)
     loss = survival_loss(logits, accepted, verified)
@@ -119,7 +129,8 @@ def test_survival_loss_ignores_censored_positions():
     assert torch.allclose(survival_loss(scrambled, accepted, verified), loss)
     # the mean BCE over the at-risk drafts only
     manual = torch.nn.functional.binary_cross_entropy_with_logits(
-        logits.detach()[at_risk], survival_targets(accepted, verified, 6)[0][at_risk])
+        logits.detach()[at_risk], survival_targets(accepted, verified, 6)[0][at_risk]
+    )
     assert torch.allclose(loss, manual)
 
 
@@ -146,6 +157,7 @@ def test_expected_length_and_adaflash_rule():
 
 # ---------------------------------------------------------------------------------------------- policy
 
+
 def test_policy_uses_head_only_for_drafter_rows():
     head = tiny_head()
     hidden = torch.randn(3, 5, 64, dtype=torch.bfloat16)  # the engine's drafter may run in bf16; the head is fp32
@@ -160,7 +172,11 @@ def test_policy_uses_head_only_for_drafter_rows():
         head.out.weight.zero_()
         head.out.bias.fill_(30.0)  # the head is sure every draft is accepted
     rates = torch.zeros(3, 6)  # the estimator expects nothing
-    assert policy.verify_lens(rates, hidden, ["suffix", "none", "global"]).tolist() == [1, 1, 1]  # estimator's rates kept
+    assert policy.verify_lens(rates, hidden, ["suffix", "none", "global"]).tolist() == [
+        1,
+        1,
+        1,
+    ]  # estimator's rates kept
     assert policy.verify_lens(rates, hidden, ["drafter", "suffix", "none"]).tolist() == [5, 5, 5]
     assert policy.verify_lens(rates, None, None).tolist() == [1, 1, 1]  # no drafter ran: nothing to read
     assert policy.verify_lens(rates, hidden).tolist() == [5, 5, 5]  # sources unknown: the drafter's rows
@@ -173,7 +189,9 @@ def test_policy_lengths_stay_in_range_and_follow_cost():
         b, m = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
         hidden = torch.randn(b, 5, 64, generator=g)
         for slope in (0.0, 0.05, 1.0):
-            lengths = LengthHeadVerifyLength(head, VerifyCostModel(prior_slope=slope)).verify_lens(torch.rand(b, m, generator=g), hidden)
+            lengths = LengthHeadVerifyLength(head, VerifyCostModel(prior_slope=slope)).verify_lens(
+                torch.rand(b, m, generator=g), hidden
+            )
             assert lengths.dtype == torch.long and ((lengths >= 1) & (lengths <= m + 1)).all()
     steep = LengthHeadVerifyLength(head, VerifyCostModel(prior_slope=10.0))
     assert steep.verify_lens(torch.rand(2, 4), torch.randn(2, 5, 64)).tolist() == [1, 1]  # drafts never pay
@@ -185,7 +203,11 @@ def test_existing_policies_accept_and_ignore_sources():
     rates = torch.full((2, 4), 0.9)
     assert FixedVerifyLength(3).verify_lens(rates, None, ["suffix", "drafter"]).tolist() == [3, 3]
     goodput = GoodputVerifyLength(cost_model=VerifyCostModel(prior_slope=0.0))
-    assert goodput.verify_lens(rates, None, ["suffix", "drafter"]).tolist() == goodput.verify_lens(rates, None).tolist() == [5, 5]
+    assert (
+        goodput.verify_lens(rates, None, ["suffix", "drafter"]).tolist()
+        == goodput.verify_lens(rates, None).tolist()
+        == [5, 5]
+    )
 
 
 def test_generate_with_the_length_head_is_lossless(target, drafter):
@@ -194,10 +216,19 @@ def test_generate_with_the_length_head_is_lossless(target, drafter):
     ids, mask = left_pad(prompts)
     head = tiny_head(hidden_size=drafter.config.hidden_size, block_size=drafter.config.block_size)
     policy = LengthHeadVerifyLength(head, cost_model=VerifyCostModel(prior_slope=0.05))
-    out = generate(target, drafter, ids, mask, max_new_tokens=14, eos_token_id=None, verify_policy=policy,
-                   drafting=DraftingConfig.only("drafter"), drafting_state=AlwaysDraftState())
-    rows = [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
-    assert rows == [greedy_reference(target, p, 14, eos=False)[len(p):] for p in prompts]
+    out = generate(
+        target,
+        drafter,
+        ids,
+        mask,
+        max_new_tokens=14,
+        eos_token_id=None,
+        verify_policy=policy,
+        drafting=DraftingConfig.only("drafter"),
+        drafting_state=AlwaysDraftState(),
+    )
+    rows = [row[ids.shape[1] : ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    assert rows == [greedy_reference(target, p, 14, eos=False)[len(p) :] for p in prompts]
     assert len({v for r in out.stats.rounds for v in r.verify_lens}) > 1  # the head did choose
 
 
@@ -205,16 +236,29 @@ def test_recording_policy_keeps_one_record_per_verified_row(target, drafter):
     prompts = random_prompts((4, 7), seed=1)
     ids, mask = left_pad(prompts)
     recorder = RecordingVerifyLength()
-    out = generate(target, drafter, ids, mask, max_new_tokens=9, eos_token_id=None, verify_policy=recorder,
-                   drafting=DraftingConfig.only("drafter"), drafting_state=AlwaysDraftState())
+    out = generate(
+        target,
+        drafter,
+        ids,
+        mask,
+        max_new_tokens=9,
+        eos_token_id=None,
+        verify_policy=recorder,
+        drafting=DraftingConfig.only("drafter"),
+        drafting_state=AlwaysDraftState(),
+    )
     hidden, rates, accepted, verified = recorder.pop_records()
     rounds = [(a, v - 1) for r in out.stats.rounds for a, v in zip(r.accept_lengths, r.verify_lens) if v > 1]
     assert [(int(a), int(v)) for a, v in zip(accepted, verified)] == rounds
     assert hidden.shape == (len(rounds), drafter.config.block_size, drafter.config.hidden_size)
-    assert rates.shape == (len(rounds), drafter.config.block_size - 1) and (verified <= drafter.config.block_size - 1).all()
+    assert (
+        rates.shape == (len(rounds), drafter.config.block_size - 1)
+        and (verified <= drafter.config.block_size - 1).all()
+    )
 
 
 # ---------------------------------------------------------------------------------------------- training and loading
+
 
 def test_training_smoke_writes_a_loadable_head_and_reuses_records(tmp_path, monkeypatch):
     from datasets import Dataset
@@ -235,12 +279,23 @@ def test_training_smoke_writes_a_loadable_head_and_reuses_records(tmp_path, monk
         return Dataset.from_dict({"prompt": texts, "domain": ["math"] * len(texts)})
 
     monkeypatch.setattr(adaflash_hf.data, "load_prompts", fake_prompts)
-    config = TrainLengthHeadConfig(output_dir=str(tmp_path / "run"), target="tiny", target_dtype="fp32", drafter="fresh",
-                                   train_prompts_per_domain=6, eval_prompts_per_domain=2, max_new_tokens=6, batch_size=3,
-                                   epochs=2, head_size=16)
+    config = TrainLengthHeadConfig(
+        output_dir=str(tmp_path / "run"),
+        target="tiny",
+        target_dtype="fp32",
+        drafter="fresh",
+        train_prompts_per_domain=6,
+        eval_prompts_per_domain=2,
+        max_new_tokens=6,
+        batch_size=3,
+        epochs=2,
+        head_size=16,
+    )
     summary = train_length_head(config, target, tokenizer, drafter)
     assert summary["records"]["train"] > 0 and summary["records"]["held_out"] > 0
-    assert {"length_head", "engine_estimator", "estimator_features_refit", "position_only"} <= summary["held_out"].keys()
+    assert {"length_head", "engine_estimator", "estimator_features_refit", "position_only"} <= summary[
+        "held_out"
+    ].keys()
     head = load_length_head(str(tmp_path / "run" / "length_head"), drafter)
     assert head.config.block_size == 4 and head(torch.randn(1, 4, 32), torch.rand(1, 3)).rates.shape == (1, 3)
     card = (tmp_path / "run" / "length_head" / "README.md").read_text()

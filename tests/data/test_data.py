@@ -18,24 +18,22 @@ from pathlib import Path
 import pytest
 from datasets import Dataset, DatasetDict
 
-from adaflash_hf.data import corpora, prompts
+from adaflash_hf.data import corpora, prompts, rdata
+from adaflash_hf.data.excerpts import split_passages
+from adaflash_hf.data.markup import split_chapters, wiki_to_text
 from adaflash_hf.data.prompts import (
     DEFAULT_TRAIN_DOMAINS,
     DOMAINS,
     EVAL_FRACTION,
     EVAL_PROMPTS_PER_DOMAIN,
     HELD_OUT_DOMAINS,
-    PROMPT_FEATURES,
-    TEXT_FEATURES,
-    as_prompt_dataset,
     document_split,
     gsm8k_prompt,
     humaneval_prompt,
     load_prompts,
-    load_prompts_jsonl,
     load_text_corpus,
-    split_passages,
 )
+from adaflash_hf.data.user_prompts import PROMPT_FEATURES, TEXT_FEATURES, as_prompt_dataset, load_prompts_jsonl
 
 # ---------------------------------------------------------------------------------------------
 # Split rule
@@ -123,8 +121,7 @@ def test_train_selection_seed_shuffles_same_set() -> None:
 
 def test_benchmark_prompt_formats() -> None:
     assert humaneval_prompt("def f():\n") == (
-        "Write a solution to the following problem and make sure that it passes the tests:\n"
-        "```python\ndef f():\n\n```"
+        "Write a solution to the following problem and make sure that it passes the tests:\n```python\ndef f():\n\n```"
     )
     assert gsm8k_prompt("What is 2+2?") == (
         "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -168,7 +165,7 @@ def test_wiki_to_text_strips_markup() -> None:
         "Never shown.\n"
         "[[Category:Mammals]]\n"
     )
-    text = corpora.wiki_to_text(markup)
+    text = wiki_to_text(markup)
     assert text == (
         "Aardvark is a mammal native to the African continent. It weighs <10 kg.\n\n"
         "Habitat\n\n"
@@ -179,10 +176,26 @@ def test_wiki_to_text_strips_markup() -> None:
 
 def test_split_chapters_drops_front_matter_and_joins_lines() -> None:
     lines = [
-        "A NOVEL", "", "VOLUME I", "", "CHAPTER I", "", "It was a _fine_ day,", "said she.", "",
-        "Second paragraph.", "", "Chapter 2", "", "More text.", "", "THE END", "", "Editorial note.",
+        "A NOVEL",
+        "",
+        "VOLUME I",
+        "",
+        "CHAPTER I",
+        "",
+        "It was a _fine_ day,",
+        "said she.",
+        "",
+        "Second paragraph.",
+        "",
+        "Chapter 2",
+        "",
+        "More text.",
+        "",
+        "THE END",
+        "",
+        "Editorial note.",
     ]
-    assert corpora.split_chapters(lines) == [
+    assert split_chapters(lines) == [
         "It was a fine day, said she.\n\nSecond paragraph.",
         "More text.",
     ]
@@ -273,12 +286,16 @@ def test_read_rds_vectors_factors_and_data_frames() -> None:
             ("row.names", _ints([-(2**31), -2])),
         ],
     )
-    assert corpora.read_rds(gzip.compress(_serialize(frame))) == {"word": ["a", None], "n": [1, None], "score": [0.5, 2.0]}
-    assert corpora.read_rds(_serialize(factor)) == ["x", "y", "x"]
+    assert rdata.read_rds(gzip.compress(_serialize(frame))) == {
+        "word": ["a", None],
+        "n": [1, None],
+        "score": [0.5, 2.0],
+    }
+    assert rdata.read_rds(_serialize(factor)) == ["x", "y", "x"]
     latin = _vec(16, _char("caf\xe9", latin1=True), 1)
-    assert corpora.read_rds(lzma.compress(_serialize(latin))) == ["caf\xe9"]
+    assert rdata.read_rds(lzma.compress(_serialize(latin))) == ["caf\xe9"]
     with pytest.raises(ValueError, match="Not an R XDR"):
-        corpora.read_rds(b"RDX2\n")
+        rdata.read_rds(b"RDX2\n")
 
 
 @pytest.mark.parametrize("compression", [1, 3])
@@ -298,7 +315,7 @@ def test_read_lazyload_db(tmp_path: Path, compression: int) -> None:
     )
     (tmp_path / "Rdata.rdx").write_bytes(gzip.compress(_serialize(index)))
     (tmp_path / "Rdata.rdb").write_bytes(blobs)
-    db = corpora.read_lazyload_db(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb")
+    db = rdata.read_lazyload_db(tmp_path / "Rdata.rdx", tmp_path / "Rdata.rdb")
     assert db == {"novel": ["line one", "", "line two"], "n": [7]}
 
 
@@ -315,26 +332,34 @@ def synthetic_corpora(monkeypatch: pytest.MonkeyPatch) -> None:
         return "\n\n".join(" ".join(sentence.format(doc, 8 * p + i) for i in range(8)) for p in range(6))
 
     monkeypatch.setattr(
-        corpora, "read_humaneval",
-        lambda: [corpora.CodeProblem(f"HumanEval/{i}", f"def f{i}():\n", f"f{i}", "    return 1\n", "") for i in range(60)],
+        corpora,
+        "read_humaneval",
+        lambda: [
+            corpora.CodeProblem(f"HumanEval/{i}", f"def f{i}():\n", f"f{i}", "    return 1\n", "") for i in range(60)
+        ],
     )
     code = "def g(x):\n    '''Double x.'''\n" + "    x = x + 0\n" * 6 + "    return 2 * x\n"
     header = "def g(x):\n    '''Double x.'''\n"
     monkeypatch.setattr(
-        corpora, "read_stdlib_code",
+        corpora,
+        "read_stdlib_code",
         lambda: [corpora.CodeChunk(f"m{i % 30}.py", f"g{i}", "function", code, header) for i in range(120)],
     )
     monkeypatch.setattr(
-        corpora, "read_gsm8k",
+        corpora,
+        "read_gsm8k",
         lambda: [corpora.MathProblem(f"{i:04d}", f"Question {i}?", f"1+1=<<1+1=2>>2\n#### {i}") for i in range(300)],
     )
     monkeypatch.setattr(
-        corpora, "read_mt_bench",
+        corpora,
+        "read_mt_bench",
         lambda: [corpora.ChatQuestion(str(80 + i), "writing", (f"Turn one {i}", f"Turn two {i}")) for i in range(80)],
     )
     for name in ("read_lee_news", "read_enwiki", "read_austen"):
         monkeypatch.setattr(
-            corpora, name, lambda: [corpora.TextDocument(f"book/ch{i:02d}", f"Book, chapter {i}", prose(i)) for i in range(50)]
+            corpora,
+            name,
+            lambda: [corpora.TextDocument(f"book/ch{i:02d}", f"Book, chapter {i}", prose(i)) for i in range(50)],
         )
 
 
@@ -365,7 +390,10 @@ def test_load_prompts_limit_seed_and_validation() -> None:
     a = load_prompts(DEFAULT_TRAIN_DOMAINS, "train", limit_per_domain=5, seed=1)
     assert Counter(a["domain"]) == {d: 5 for d in DEFAULT_TRAIN_DOMAINS}
     assert load_prompts(DEFAULT_TRAIN_DOMAINS, "train", limit_per_domain=5, seed=1)["id"] == a["id"]
-    assert load_prompts("math", "train", limit_per_domain=5, seed=2)["id"] != a.filter(lambda r: r["domain"] == "math")["id"]
+    assert (
+        load_prompts("math", "train", limit_per_domain=5, seed=2)["id"]
+        != a.filter(lambda r: r["domain"] == "math")["id"]
+    )
     assert load_prompts("news", "eval", limit_per_domain=3)["id"] == load_prompts("news", "eval")["id"][:3]
     assert not set(DEFAULT_TRAIN_DOMAINS) & set(HELD_OUT_DOMAINS)
     with pytest.raises(ValueError, match="Unknown domain"):
@@ -489,8 +517,12 @@ def test_real_corpora_row_counts() -> None:
     assert 90 <= len(corpora.read_enwiki()) <= 110
     chapters = corpora.read_austen()
     assert Counter(c.doc_id.split("/")[0] for c in chapters) == {
-        "prideprejudice": 61, "emma": 55, "sensesensibility": 50, "mansfieldpark": 48,
-        "northangerabbey": 31, "persuasion": 24,
+        "prideprejudice": 61,
+        "emma": 55,
+        "sensesensibility": 50,
+        "mansfieldpark": 48,
+        "northangerabbey": 31,
+        "persuasion": 24,
     }
     stdlib = corpora.read_stdlib_code()
     assert len(stdlib) > 5000 and not any(c.doc_id.startswith(("test/", "idlelib/")) for c in stdlib)
