@@ -73,7 +73,6 @@ SHARED_CONFIGS = ("adaflash_hf.training.configs", "adaflash_hf.online.configs")
 # decoding; serving.server -> online: the server refactor passes OPD in from the command layer.
 KNOWN_UPWARD = {
     ("adaflash_hf.checks", "adaflash_hf.decoding.sampling"),
-    ("adaflash_hf.serving.server", "adaflash_hf.online"),
 }
 
 
@@ -98,7 +97,14 @@ def import_graph() -> dict[str, set[str]]:
     for (name, is_package), path in files.items():
         base = name if is_package else name.rpartition(".")[0]
         imported = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        # imports for type annotations only never run, so they create no dependency
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                       for stmt in block.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.Import):
                 imported |= {known(alias.name) for alias in node.names if alias.name.startswith("adaflash_hf")}
             elif isinstance(node, ast.ImportFrom):

@@ -95,7 +95,7 @@ class CacheFeaturesConfig:
     data_dir: str = field(metadata={"help": "Data folder of adaflash generate-data: every response under DATA_DIR/train is used."})
     target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
     target_dtype: str = dtype_field("the target")
-    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers to keep (default: the ones train-drafter reads by default)."})
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers to keep (default: the five train-drafter reads when none are given)."})
     cache_dir: str | None = field(default=None, metadata={"help": "Where the features go (default: <adaflash cache>/features/<target>-L<layer ids>, outside the repository)."})
     batch_size: int = field(default=8, metadata={"help": "Sequences per target forward."})
     max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
