@@ -447,7 +447,7 @@ def evaluate(target, tokenizer, drafter, problems: list[Problem], args: QualityA
     """
     import torch
 
-    from .decoding.proposers import DraftingState
+    from .decoding.drafting_state import DraftingState
     from .prompting import chat_prompt_ids
 
     eos = target.generation_config.eos_token_id

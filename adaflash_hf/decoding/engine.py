@@ -13,13 +13,15 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from ..checks import check_pair, check_prompt_batch, sampling_params_from
+from ..checks import check_pair, check_prompt_batch
 from ..modeling_adaflash import AdaFlashDrafter
+from .config import DraftingConfig
+from .drafting_state import DraftingState
 from .outputs import SpeculativeGenerateOutput, SpeculativeStats
 from .policy import VerifyLengthPolicy
-from .proposers import DraftingConfig, DraftingState
 from .recording import RoundObserver
-from .state import RowSpec, SpeculativeBatch, context_features, draft_block  # noqa: F401  (re-exported)
+from .sampling import sampling_params_from
+from .state import RowSpec, SpeculativeBatch
 
 logger = logging.getLogger(__name__)
 

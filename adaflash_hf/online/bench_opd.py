@@ -109,9 +109,10 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
 
     from ..bench import code_provenance
     from ..cli_args import encode_prompt
+    from ..decoding.config import DraftingConfig
+    from ..decoding.drafting_state import DraftingState
     from ..decoding.engine import generate
     from ..decoding.policy import FixedVerifyLength
-    from ..decoding.proposers import DraftingConfig, DraftingState
     from ..drafters import load_drafter
     from ..targets import load_target
     from .opd import AdaFlashOPD

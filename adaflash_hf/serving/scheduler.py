@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..decoding.config import DraftingConfig
+from ..decoding.drafting_state import DraftingState
 from ..decoding.outputs import RoundStats
 from ..decoding.policy import wants_drafts
-from ..decoding.proposers import DraftingConfig, DraftingState
 from ..decoding.sampling import SamplingParams
 from ..decoding.state import RowSpec, RowUpdate, SpeculativeBatch
 from ..heap import HeapTrimmer

@@ -62,7 +62,7 @@ class ServeArgs:
             raise ValueError("--opd-publish-dir and --opd-duty-cycle need --opd.")
 
     def drafting(self):
-        from ..decoding.proposers import DraftingConfig
+        from ..decoding.config import DraftingConfig
 
         return DraftingConfig.from_sources(self.sources, self.tree_nodes)
 

@@ -36,8 +36,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..configuration_length_head import AdaFlashLengthHeadConfig
+from ..decoding.config import DraftingConfig
+from ..decoding.draft_head import DraftHead, top_probs_and_tokens
+from ..decoding.drafting_state import DraftingState
 from ..decoding.policy import FixedVerifyLength
-from ..decoding.proposers import DraftHead, DraftingConfig, DraftingState, drafter_feature, top_probs_and_tokens
+from ..decoding.proposers.drafter import drafter_feature
 from ..model_card import length_head_card
 from ..modeling_length_head import AdaFlashLengthHead
 from .configs import TrainLengthHeadConfig

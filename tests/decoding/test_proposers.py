@@ -13,21 +13,15 @@ import pytest
 import torch
 
 from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, generate
-from adaflash_hf.decoding import state as state_module
+from adaflash_hf.decoding.acceptance import PRIOR_FILE, AcceptanceEstimator, expected_accepted, load_acceptance_prior
 from adaflash_hf.decoding.cost import VerifyCostModel
+from adaflash_hf.decoding.datastore_file import load_datastore, save_datastore
+from adaflash_hf.decoding.draft_head import DraftHead
+from adaflash_hf.decoding.ngram_index import NGramIndex
 from adaflash_hf.decoding.policy import verify_limit
-from adaflash_hf.decoding.proposers import (
-    PRIOR_FILE,
-    AcceptanceEstimator,
-    DraftHead,
-    HybridProposer,
-    NGramIndex,
-    drafter_bucket,
-    expected_accepted,
-    load_acceptance_prior,
-    load_datastore,
-    save_datastore,
-)
+from adaflash_hf.decoding.proposers import drafter as drafter_module
+from adaflash_hf.decoding.proposers.drafter import DrafterBlock, drafter_bucket
+from adaflash_hf.decoding.proposers.hybrid import HybridProposer
 from adaflash_hf.dflash_format import save_dflash_checkpoint
 from adaflash_hf.training.data import TrainingSequence
 from adaflash_hf.training.vocab import coverage, most_frequent, response_token_counts
@@ -416,11 +410,11 @@ def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, d
     for answer in answers:  # long matches to follow: the same prompts, answered once
         state.remember(answer)
     longest, head_positions = [], []
-    propose, top_probs = HybridProposer.propose, state_module.top_probs_and_tokens
+    propose, top_probs = HybridProposer.propose, drafter_module.top_probs_and_tokens
 
     def recorded_propose(self, *args, **kwargs):
         proposal = propose(self, *args, **kwargs)
-        longest.append(max((len(tokens) for options in self._options.values() for _, tokens, _ in options), default=0))
+        longest.append(max((len(tokens) for options in proposal.candidates for _, tokens, _ in options), default=0))
         return proposal
 
     def recorded_top_probs(head, hidden):
@@ -428,7 +422,7 @@ def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, d
         return top_probs(head, hidden)
 
     monkeypatch.setattr(HybridProposer, "propose", recorded_propose)
-    monkeypatch.setattr(state_module, "top_probs_and_tokens", recorded_top_probs)
+    monkeypatch.setattr(drafter_module, "top_probs_and_tokens", recorded_top_probs)
     out = generate(target, drafter, ids, mask, max_new_tokens=30, eos_token_id=None, drafting_state=state,
                    drafting=DraftingConfig(drafter_every_round=True), verify_policy=FixedVerifyLength(3))
     assert longest and max(longest) == 2 and head_positions and set(head_positions) == {2}
@@ -568,26 +562,36 @@ def test_the_drafter_scores_candidate_tokens_with_its_own_probabilities(target):
     assert [drafter_bucket(p) for p in (None, 0.001, 0.05, 0.2, 0.9)] == ["q-", "q0", "q1", "q2", "q3"]
 
 
+class StubDrafter:
+    """A drafter of block size 4 whose block is always [3, 1, 9]; ``calls`` counts its passes."""
+
+    block_size = 4
+
+    def __init__(self, calls, scorer):
+        self.calls, self.scorer = calls, scorer
+
+    def propose(self, row_ids, anchors, anchor_pos, max_len):
+        self.calls.append(1)
+        return DrafterBlock(torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), self.scorer)
+
+
 @pytest.mark.parametrize("cheap", [True, False])
 def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(cheap):
     state = DraftingState()
     state.observe_round(1, 0.040, 0.002 if cheap else 0.020)  # a drafter pass costs 5 % or 50 % of a step
     state.drafter_value = 0.0
-    proposer = HybridProposer(state, DraftingConfig(global_index=False), block_size=4)
+    calls = []
+    drafter = StubDrafter(calls, lambda queries: [[0.6] * len(t) for _, t in queries])
+    proposer = HybridProposer(state, DraftingConfig(global_index=False), drafter)
     proposer.add_row(0, [1, 2, 3, 1, 2, 3, 1, 2])
     state.rounds_since_drafter = -100  # drafter_pays alone would skip it: the suffix candidate is worth more
-    calls = []
 
-    def run_drafter():
-        calls.append(1)
-        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), lambda queries: [[0.6] * len(t) for _, t in queries]
-
-    proposer.propose([0], run_drafter, tree=True, max_depths=[8])
-    suffix_features = [f for source, _, features in proposer._options[0] if source == "suffix" for f in features]
+    proposal = proposer.propose([0], tree=True, max_depths=[8])
+    suffix_features = [f for source, _, features in proposal.candidates[0] if source == "suffix" for f in features]
     assert suffix_features
     if cheap:
         assert calls and all(f[-1] == "q3" for f in suffix_features)
-        assert any(source == "drafter" for source, _, _ in proposer._options[0])  # its block joins the tree too
+        assert any(source == "drafter" for source, _, _ in proposal.candidates[0])  # its block joins the tree too
     else:
         assert not calls and not any(isinstance(f[-1], str) for f in suffix_features)
 
@@ -613,16 +617,12 @@ def test_a_drafter_that_does_not_pay_is_skipped_unless_it_must_draft_every_round
     state = DraftingState()
     state.observe_round(1, 0.040, 0.020)  # half a step for nothing accepted
     state.drafter_value = 0.0
-    proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
-                                                    drafter_every_round=every_round), block_size=4)
-    proposer.add_row(0, [1, 2, 3])
     calls = []
+    proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
+                                                    drafter_every_round=every_round), StubDrafter(calls, None))
+    proposer.add_row(0, [1, 2, 3])
 
-    def run_drafter():
-        calls.append(1)
-        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), None
-
-    proposal = proposer.propose([0], run_drafter)
+    proposal = proposer.propose([0])
     assert len(calls) == int(every_round)
     assert proposal.sources == (["drafter"] if every_round else ["none"])
 
