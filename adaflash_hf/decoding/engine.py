@@ -58,7 +58,7 @@ def generate(
             maximises expected tokens per second with this machine's measured verify cost).
         drafting: which draft sources each row may use per round (default: all of them, see
             :class:`DraftingConfig`); each round every row verifies a draft tree of its candidates'
-            likeliest tokens (:mod:`.tree`), or with ``tree_nodes=0`` the single candidate with the most
+            likeliest tokens (:mod:`.draft_tree`), or with ``tree_nodes=0`` the single candidate with the most
             expected accepted tokens, or nothing.
         drafting_state: acceptance statistics and the global suffix index shared across calls
             (default: one per target model, :func:`drafting_state`).

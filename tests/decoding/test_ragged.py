@@ -21,8 +21,8 @@ from adaflash_hf._compat import (
 from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.draft_tree import tree_attention_mask
+from adaflash_hf.decoding.goodput import MIN_GAIN, ragged_verify_lens
 from adaflash_hf.decoding.kv_cache import RaggedCache
-from adaflash_hf.decoding.policy import MIN_GAIN, ragged_verify_lens
 from adaflash_hf.decoding.state import SpeculativeBatch
 
 from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
