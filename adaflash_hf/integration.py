@@ -77,7 +77,8 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             self.policy.cost_model = state.cost_model
         self.state = state
         self.sequence_drafter = _SequenceDrafter(self) if self.use_drafter else None
-        self.proposer = HybridProposer(state, self.drafting, self.sequence_drafter, getattr(drafter, "adaflash_datastore", None))
+        self.proposer = HybridProposer(state, self.drafting, self.sequence_drafter,
+                                       getattr(drafter, "adaflash_datastore", None))
         self._candidates: list = []  # the last proposal's candidates, which the estimator learns from
         state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         # Ask the target for just the context layers, unless the user wants every hidden state returned
@@ -134,7 +135,8 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), drafter_seconds)
             return input_ids, None
         draft_tokens = proposal.tokens[:, :num_drafts].to(input_ids.device)  # (1, g)
-        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(), drafter_seconds)
+        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(),
+                         drafter_seconds)
         # Deterministic drafts are exact one-hot proposals: returning no logits makes transformers verify
         # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
@@ -192,8 +194,8 @@ class _SequenceDrafter:
         tick = time.perf_counter()
         context = torch.cat(gen._waiting, dim=1)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
-        hidden = draft_block(gen.drafter, gen.embed, input_ids[:, -1], context, positions[:, gen._cached_len : processed],
-                             positions[:, -1], mask[:, :processed], gen.cache)
+        hidden = draft_block(gen.drafter, gen.embed, input_ids[:, -1], context,
+                             positions[:, gen._cached_len : processed], positions[:, -1], mask[:, :processed], gen.cache)
         gen._cached_len, gen._waiting = processed, []
         tokens, top_probs, logits = top_probs_and_tokens(gen.head, hidden[:, 1:])
         return DrafterBlock(tokens, top_probs, gen.head.scorer(logits), logits, hidden, time.perf_counter() - tick)

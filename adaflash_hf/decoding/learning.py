@@ -43,7 +43,8 @@ def learn_from_round(state: DraftingState, policy: VerifyLengthPolicy, proposal:
     report_round(policy, verified.accept_lengths.cpu(), verified.num_drafts.cpu() + 1, seconds, proposed)
 
 
-def learn_acceptance(state: DraftingState, candidates: Sequence[Sequence[Candidate]], chunks: Sequence[Sequence[int]]) -> None:
+def learn_acceptance(state: DraftingState, candidates: Sequence[Sequence[Candidate]],
+                     chunks: Sequence[Sequence[int]]) -> None:
     """Teach the estimator from what the target produced, for every candidate of the round.
 
     ``chunks[i]`` are the tokens row i gained (accepted drafts plus the target's own token), i.e. the

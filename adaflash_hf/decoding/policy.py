@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,6 +28,8 @@ from .throughput_guard import ThroughputGuard
 
 if TYPE_CHECKING:
     from ..modeling_length_head import AdaFlashLengthHead
+
+logger = logging.getLogger(__name__)
 
 
 class VerifyLengthPolicy(Protocol):
@@ -55,6 +58,12 @@ def wants_drafts(policy: VerifyLengthPolicy, rows: int) -> bool:
     """
     ask = getattr(policy, "wants_drafts", None)
     return True if ask is None else bool(ask(rows))
+
+
+def failed_rows(policy: VerifyLengthPolicy) -> list[int]:
+    """Rows whose verify length the policy's own model failed to predict in its last :meth:`verify_lens` (a length
+    head that raised or returned non-finite rates); they verified only their anchor. Empty for other policies."""
+    return list(getattr(policy, "failed_rows", ()))
 
 
 def verify_limit(policy: VerifyLengthPolicy) -> int | None:
@@ -160,8 +169,8 @@ class GoodputVerifyLength:
                              f"{self.cap_prune_every}: each cap must be >= 2 (the anchor and at least one draft), "
                              "cap_explore_every >= 2 and cap_prune_every >= 1.")
         self.guard = ThroughputGuard(self.margin, self.desync_per_row, self.explore_every, self.max_explore_every,
-                                     self.explore_budget, self.burst_rounds, self.min_evidence, self.refresh_plain_every,
-                                     self.decay, self.min_rows)
+                                     self.explore_budget, self.burst_rounds, self.min_evidence,
+                                     self.refresh_plain_every, self.decay, self.min_rows)
         self.bandit = CapBandit(self.caps, self.cap_explore_every, self.cap_prune, self.cap_prune_every,
                                 self.min_cap_steps, self.decay)
 
@@ -189,7 +198,8 @@ class GoodputVerifyLength:
         gets its verify-length arm (:meth:`CapBandit.choose`); an explored round verifies up to a cap, whatever the
         cost model says."""
         proposing = self.guard.allows(rows, self.bandit.best_rate(rows.bit_length()))
-        self._round_cap = self.bandit.choose(rows.bit_length()) if proposing and rows >= self.min_rows and self.caps else None
+        chooses = proposing and rows >= self.min_rows and self.caps
+        self._round_cap = self.bandit.choose(rows.bit_length()) if chooses else None
         if self.guard.exploring and self._round_cap is None and self.caps:
             self._round_cap = max(self.caps)
         return proposing
@@ -256,6 +266,7 @@ class LengthHeadVerifyLength(GoodputVerifyLength):
     def __init__(self, head: AdaFlashLengthHead, cost_model: VerifyCostModel | None = None, max_verify_len: int | None = None):
         super().__init__(max_verify_len=max_verify_len, cost_model=cost_model)
         self.head = head
+        self.failed_rows: list[int] = []  # rows the head failed in the last verify_lens: they verify only their anchor
 
     def head_rates(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
@@ -274,14 +285,31 @@ class LengthHeadVerifyLength(GoodputVerifyLength):
         rates = rates.float().cpu().clone()
         prior = torch.zeros(len(rows), num_drafts)  # (r, B - 1): the estimator's rates, 0 past a proposal
         prior[:, :n] = rates[rows, :n]
-        with torch.inference_mode():
-            predicted = head(hidden, prior.to(head.device)).rates.float().cpu()  # (r, B - 1)
+        try:
+            with torch.inference_mode():
+                predicted = head(hidden, prior.to(head.device)).rates.float().cpu()  # (r, B - 1)
+            failed = ~torch.isfinite(predicted).all(-1)  # (r,)
+            if failed.any():
+                logger.warning("The length head gave non-finite rates to %d rows; they take a plain step.",
+                               int(failed.sum()))
+        except Exception:  # a failing head costs its rows their drafts this round, never the request
+            logger.warning("The length head failed this round; its %d rows take a plain step.", len(rows),
+                           exc_info=True)
+            predicted, failed = torch.zeros(len(rows), num_drafts), torch.ones(len(rows), dtype=torch.bool)
+        if failed.any():
+            self.failed_rows = [rows[k] for k in failed.nonzero().flatten().tolist()]
+            predicted = predicted.masked_fill(failed[:, None], 0.0)
         rates[rows, :n] = predicted[:, :n]
         return rates
 
     def verify_lens(
         self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
     ) -> torch.Tensor:
+        self.failed_rows = []
         if self._round_cap is not None and rates.shape[0] >= self.min_rows:  # a fixed-length arm: no estimate needed
             return super().verify_lens(rates, draft_hidden_states, sources)
-        return super().verify_lens(self.head_rates(rates, draft_hidden_states, sources), draft_hidden_states, sources)
+        head_rates = self.head_rates(rates, draft_hidden_states, sources)
+        lengths = super().verify_lens(head_rates, draft_hidden_states, sources)
+        if self.failed_rows:
+            lengths[self.failed_rows] = 1
+        return lengths

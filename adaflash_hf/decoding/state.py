@@ -36,7 +36,7 @@ from .drafting_state import DraftingState, default_drafting_state
 from .kv_cache import RaggedCache, move_rows, pack_cache, relayout_cache, shifted_index, take_slots
 from .learning import VerifiedRound, learn_from_round
 from .outputs import RoundStats
-from .policy import GoodputVerifyLength, VerifyLengthPolicy, verify_limit, wants_drafts
+from .policy import GoodputVerifyLength, VerifyLengthPolicy, failed_rows, verify_limit, wants_drafts
 from .proposers.base import Proposal
 from .proposers.drafter import DrafterProposer
 from .proposers.hybrid import HybridProposer
@@ -117,8 +117,7 @@ class SpeculativeBatch:
                 self.policy.cost_model = self.state.cost_model
             self.policy.ragged = self.ragged
         self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
-        self.compact_min_slots = compact_min_slots
-        self.observer = observer
+        self.compact_min_slots, self.observer = compact_min_slots, observer
         self.drafter_proposer = DrafterProposer(drafter, target) if self.use_drafter else None
         self.hidden_request = None if self.drafter_proposer is None else self.drafter_proposer.hidden_request
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
@@ -287,7 +286,7 @@ class SpeculativeBatch:
             self.drafter_proposer.drop(gone, index, holes, movers, size)
 
     def _compact(self, force: bool = True) -> None:
-        """Squeeze holes out of the target's cache and the drafter's, each on its own (:func:`~.kv_cache.pack_cache`)."""
+        """Squeeze holes out of both caches, each on its own (:func:`~.kv_cache.pack_cache`)."""
         self.slot_mask = pack_cache(self.target_cache, self.slot_mask, force, self.compact_min_slots)
         if self.drafter_proposer is not None:
             self.drafter_proposer.compact(force, self.compact_min_slots)
@@ -325,11 +324,11 @@ class SpeculativeBatch:
         drafts_list = drafts.num_drafts.tolist()
         sources = path_sources(proposal, paths, drafts_list)
         chunks, updates = self._report(drafts, verified, paths, slots, next_tokens, accept_lengths, sources,
-                                       draft_time, verify_time)
+                                       draft_time, verify_time, proposal.failed)
         # 7. Learn: costs, acceptance estimates and the policy's feedback, timed over the whole round.
         learn_from_round(self.state, self.policy, proposal,
-                         VerifiedRound(accept_lengths, drafts.num_drafts, verified.num_tokens, verified.ragged, verify_time),
-                         chunks, proposing, round_start, self.device)
+                         VerifiedRound(accept_lengths, drafts.num_drafts, verified.num_tokens, verified.ragged,
+                                       verify_time), chunks, proposing, round_start, self.device)
         self._drop_finished(updates)
         return updates
 
@@ -393,7 +392,7 @@ class SpeculativeBatch:
         keep = max(max(row) for row in slots) + 1
         if keep < g + 1:
             self.target_cache.crop(keep - g - 1)
-        if drafts.parents is None:
+        if chain := drafts.parents is None:
             kept = (torch.arange(keep, device=self.device)[None] <= accept_lengths[:, None]).long()  # (b, keep)
         else:
             kept = torch.zeros(len(slots), keep, dtype=torch.long, device=self.device)
@@ -401,20 +400,21 @@ class SpeculativeBatch:
                 kept[i, row] = 1
         self.slot_mask = torch.cat([self.slot_mask, kept], dim=1)
         if self.drafter_proposer is not None:  # the drafter reads the new slots next time it runs
-            self.drafter_proposer.commit(self.ids, verified.features, verified.position_ids, slots, drafts.parents is None)
+            self.drafter_proposer.commit(self.ids, verified.features, verified.position_ids, slots, chain)
         self.next_pos = self.next_pos + accept_lengths + 1
         self.last_token = next_tokens
         return slots
 
     def _report(self, drafts: Drafts, verified: VerifyOutput, paths: list[list[int]], slots: list[list[int]],
                 next_tokens: torch.Tensor, accept_lengths: torch.Tensor, sources: list[str], draft_time: float,
-                verify_time: float) -> tuple[list[list[int]], list[RowUpdate]]:
-        """Hand out each row's tokens, tell ``on_round`` and the observer -> (chunks gained before cuts, updates)."""
+                verify_time: float, failed: list[int]) -> tuple[list[list[int]], list[RowUpdate]]:
+        """Hand out the tokens, tell ``on_round`` (and failed drafts) and the observer -> (chunks, updates)."""
         drafts_list = drafts.num_drafts.tolist()
         checked = drafts_list if drafts.parents is None else checked_along_paths(drafts.parents, paths, drafts_list)
         if self.on_round is not None:
             self.on_round(RoundStats(list(self.ids), accept_lengths.tolist(), [n + 1 for n in drafts_list], draft_time,
-                                     verify_time, sources, tree=drafts.parents is not None, checked=checked))
+                                     verify_time, sources, tree=drafts.parents is not None, checked=checked,
+                                     draft_failures=len(set(failed) | set(failed_rows(self.policy)))))
         tokens_list = drafts.draft_tokens.tolist()
         chunks = [[tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))]
         updates = self._emit(list(self.ids), chunks, sources)

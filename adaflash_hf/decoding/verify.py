@@ -77,7 +77,8 @@ def verify_inputs(last_token: torch.Tensor, next_pos: torch.Tensor, slot_mask: t
     return VerifyInputs(input_ids, position_ids, attention_mask, layout)
 
 
-def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator | None) -> torch.Tensor:
+def choose_tokens(logits: torch.Tensor, params: list[SamplingParams],
+                  generator: torch.Generator | None) -> torch.Tensor:
     """(b, V) logits -> (b,) next tokens, each row with its own sampling parameters."""
     tokens = logits.max(-1).indices
     for i, p in enumerate(params):
@@ -86,8 +87,8 @@ def choose_tokens(logits: torch.Tensor, params: list[SamplingParams], generator:
     return tokens
 
 
-def accept_rows(draft_tokens: torch.Tensor, logits: torch.Tensor, num_drafts: torch.Tensor, draft_probs: torch.Tensor | None,
-                params: list[SamplingParams], sampled: list[int],
+def accept_rows(draft_tokens: torch.Tensor, logits: torch.Tensor, num_drafts: torch.Tensor,
+                draft_probs: torch.Tensor | None, params: list[SamplingParams], sampled: list[int],
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance for greedy rows, rejection sampling for the ``sampled`` rows (each with its own params).
 

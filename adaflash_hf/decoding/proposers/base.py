@@ -4,7 +4,7 @@ choice among them is a :class:`Proposal`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -65,7 +65,8 @@ class Proposal:
     the tree as it truncates a chain.
 
     candidates: every row's candidates of the round (what the estimator learns from once the target has
-    answered); block: the drafter's block when it ran this round.
+    answered); block: the drafter's block when it ran this round; failed: rows whose drafter failed this
+    round (they take a plain step).
     """
 
     tokens: torch.Tensor
@@ -78,3 +79,4 @@ class Proposal:
     node_sources: list[list[str]] | None = None
     candidates: list[list[Candidate]] | None = None
     block: DrafterBlock | None = None
+    failed: list[int] = field(default_factory=list)

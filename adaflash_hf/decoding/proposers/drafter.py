@@ -9,8 +9,9 @@ costs: the unread features are only collected.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +21,7 @@ from ..draft_head import DraftHead, top_probs_and_tokens
 from ..kv_cache import RaggedCache, append_rows, is_initialized, move_rows, pack_cache
 from .base import Candidate
 
+logger = logging.getLogger(__name__)
 
 def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
     """Concatenate the selected target layers: hidden_states[i + 1] is layer i's output -> (b, T, n*H)."""
@@ -121,7 +123,8 @@ class DrafterBlock:
     """A drafter pass of one round: its drafts as target ids (b, n) and their top-1 probabilities (b, n), a
     scorer of any tokens (:class:`~..draft_head.BlockScorer`), the draft-vocabulary logits (b, n, V_draft) and
     hidden states (b, B, H) (the length head reads them), the pass's seconds and the part of them spent
-    catching up on context held back (:func:`catch_up_seconds`)."""
+    catching up on context held back (:func:`catch_up_seconds`). ``failed``: rows whose drafts are unusable
+    (the pass raised, or gave them non-finite probabilities); they take a plain step this round."""
 
     tokens: torch.Tensor
     top_probs: torch.Tensor
@@ -130,12 +133,14 @@ class DrafterBlock:
     hidden: torch.Tensor | None = None
     seconds: float = 0.0
     catch_up: float = 0.0
+    failed: list[int] = field(default_factory=list)
 
-    def candidates(self, limit: int) -> list[Candidate]:
-        """Every row's block, cut to ``limit`` drafts, with each token's acceptance feature."""
-        tokens, probs = self.tokens[:, :limit].tolist(), self.top_probs[:, :limit].tolist()
-        return [Candidate("drafter", row_tokens, [drafter_feature(k, p) for k, p in enumerate(row_probs)])
-                for row_tokens, row_probs in zip(tokens, probs)]
+    def candidates(self, limit: int) -> list[Candidate | None]:
+        """Every row's block, cut to ``limit`` drafts, with each token's acceptance feature; None for failed rows."""
+        tokens, probs, failed = self.tokens[:, :limit].tolist(), self.top_probs[:, :limit].tolist(), set(self.failed)
+        return [None if i in failed else
+                Candidate("drafter", row_tokens, [drafter_feature(k, p) for k, p in enumerate(row_probs)])
+                for i, (row_tokens, row_probs) in enumerate(zip(tokens, probs))]
 
 
 class DrafterProposer:
@@ -169,11 +174,13 @@ class DrafterProposer:
         """New rows: all holes in the drafter cache; their prompt features (the valid slots of the left-padded
         prefill: features (b, W, n*H), positions and 0/1 mask (b, W)) become unread context."""
         if self.pending is None:  # the batch was empty
-            self.cache, self.draft_mask, self.pending = RaggedCache(), mask.long().new_zeros(len(row_ids), 0), PendingContext()
+            self.cache, self.pending = RaggedCache(), PendingContext()
+            self.draft_mask = mask.long().new_zeros(len(row_ids), 0)
         else:
             if is_initialized(self.cache):
                 append_rows(self.cache, len(row_ids))
-            self.draft_mask = torch.cat([self.draft_mask, self.draft_mask.new_zeros(len(row_ids), self.draft_mask.shape[1])])
+            holes = self.draft_mask.new_zeros(len(row_ids), self.draft_mask.shape[1])
+            self.draft_mask = torch.cat([self.draft_mask, holes])
         for i, row in enumerate(row_ids):
             n = int(mask[i].sum())
             self.pending.add(row, features[i, -n:], positions[i, -n:])
@@ -196,13 +203,36 @@ class DrafterProposer:
         tick = timer(self.device)
         context, context_pos, context_mask = self.pending.take(row_ids, self.feature_size, self.embed.weight)
         key_mask = torch.cat([self.draft_mask, context_mask], dim=1)
-        hidden = draft_block(self.drafter, self.embed, anchors, context, context_pos, anchor_pos, key_mask, self.cache)
+        try:
+            hidden = draft_block(self.drafter, self.embed, anchors, context, context_pos, anchor_pos, key_mask,
+                                 self.cache)
+            # the anchor and the drafts a row can verify
+            positions = hidden.shape[1] if max_len is None else max(max_len + 1, 2)
+            tokens, top_probs, logits = top_probs_and_tokens(self.head, hidden[:, 1:positions])
+        except Exception:  # a failing drafter costs its rows their drafts this round, never the request
+            logger.warning("The drafter failed this round; its %d rows take a plain step.", len(row_ids), exc_info=True)
+            self._restart(row_ids, context, context_pos, context_mask)
+            empty = anchors.new_zeros(len(row_ids), 0)
+            return DrafterBlock(empty, empty.float(), seconds=timer(self.device) - tick,
+                                failed=list(range(len(row_ids))))
         self.draft_mask = key_mask  # the drafter read the unread context into its cache
-        positions = hidden.shape[1] if max_len is None else max(max_len + 1, 2)  # the anchor and the drafts a row can verify
-        tokens, top_probs, logits = top_probs_and_tokens(self.head, hidden[:, 1:positions])
         seconds = timer(self.device) - tick
-        catch_up = catch_up_seconds(seconds, int(context_mask.sum()), self.fresh_context, hidden.shape[0] * hidden.shape[1])
-        return DrafterBlock(tokens, top_probs, self.head.scorer(logits), logits, hidden, seconds, catch_up)
+        catch_up = catch_up_seconds(seconds, int(context_mask.sum()), self.fresh_context,
+                                    hidden.shape[0] * hidden.shape[1])
+        failed = (~torch.isfinite(top_probs).all(-1)).nonzero().flatten().tolist()
+        if failed:
+            logger.warning("The drafter gave non-finite probabilities to %d rows; they take a plain step.", len(failed))
+        return DrafterBlock(tokens, top_probs, self.head.scorer(logits), logits, hidden, seconds, catch_up, failed)
+
+    def _restart(self, row_ids: Sequence[Hashable], context: torch.Tensor, context_pos: torch.Tensor,
+                 context_mask: torch.Tensor) -> None:
+        """After a pass that raised part-way (its cache may hold some layers' block): an empty drafter cache, and the
+        context the pass took back as unread. Older context is lost, which costs acceptance, not exactness."""
+        self.cache = RaggedCache()
+        self.draft_mask = self.draft_mask.new_zeros(len(row_ids), 0)
+        for i, row in enumerate(row_ids):
+            valid = context_mask[i].bool()
+            self.pending.add(row, context[i, valid], context_pos[i, valid])
 
     def commit(self, row_ids: Sequence[Hashable], features: torch.Tensor, positions: torch.Tensor,
                slots: list[list[int]], chain: bool) -> None:

@@ -96,7 +96,7 @@ class HybridProposer:
             proposal = self._tree_proposal(candidates, max_depths or [limit] * len(row_ids), limit)
         else:
             proposal = self._chain_proposal(candidates, limit)
-        proposal.candidates, proposal.block = candidates, block
+        proposal.candidates, proposal.block, proposal.failed = candidates, block, [] if block is None else block.failed
         return proposal
 
     def _maybe_draft(self, row_ids, candidates: list[list[Candidate]], anchors, anchor_pos, limit: int,
@@ -110,13 +110,17 @@ class HybridProposer:
         if not (pays or scores):
             return None
         block = self.drafter.propose(row_ids, anchors, anchor_pos, max_len)
-        if scores:  # the drafter's opinion of every look-up token joins that token's feature
+        if scores and block.scorer is not None:  # the drafter's opinion of every look-up token joins its feature
             probs = iter(block.scorer([(i, c.tokens) for i, options in enumerate(candidates) for c in options]))
             for options in candidates:
-                options[:] = [Candidate(c.source, c.tokens, [f + (drafter_bucket(q),) for f, q in zip(c.features, next(probs))])
+                options[:] = [Candidate(c.source, c.tokens,
+                                        [f + (drafter_bucket(q),) for f, q in zip(c.features, next(probs))])
                               for c in options]
         for options, drafted in zip(candidates, block.candidates(limit)):
-            options.insert(0, drafted)
+            if drafted is None:  # the drafter failed this row: it takes a plain step
+                options.clear()
+            else:
+                options.insert(0, drafted)
         return block
 
     def _chain_proposal(self, candidates: list[list[Candidate]], limit: int) -> Proposal:
