@@ -56,4 +56,3 @@ class DraftingConfig:
             raise ValueError(f"unknown draft source {source!r}; choose from {', '.join(SOURCES)}.")
         return cls(drafter=source == "drafter", suffix=source == "suffix", global_index=source == "global",
                    datastore=source == "datastore")
-

@@ -33,8 +33,8 @@ def load_datastore(path: str | Path, max_n: int = 4) -> NGramIndex:
 
 
 def save_datastore(streams: Sequence[Sequence[int]], path: str | Path) -> None:
+    """Write token streams as a ``datastore.safetensors`` (a flat ``tokens`` tensor and the streams' ``lengths``)."""
     from safetensors.torch import save_file
 
     save_file({"tokens": torch.tensor([t for s in streams for t in s], dtype=torch.int32),
                "lengths": torch.tensor([len(s) for s in streams], dtype=torch.int64)}, str(path))
-

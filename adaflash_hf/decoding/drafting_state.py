@@ -104,4 +104,3 @@ def default_drafting_state(target: torch.nn.Module) -> DraftingState:
     if target not in _DEFAULT_STATES:
         _DEFAULT_STATES[target] = DraftingState()
     return _DEFAULT_STATES[target]
-

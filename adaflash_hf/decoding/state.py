@@ -446,5 +446,3 @@ class SpeculativeBatch:
 
     def _drop_finished(self, updates: list[RowUpdate]) -> None:
         self.drop_rows([u.row_id for u in updates if u.finish_reason is not None])
-
-
