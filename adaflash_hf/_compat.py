@@ -1,4 +1,4 @@
-"""The one place that knows which transformers version does what (STYLE rule 3).
+"""The one place that knows which transformers version does what, and the one that touches its private API.
 
 adaflash-hf supports transformers 5.23 and 5.24. Differences it has to bridge:
 - 5.24 renamed the cache keyword of model forwards from ``past_key_values`` to ``cache``;
@@ -14,9 +14,6 @@ adaflash-hf supports transformers 5.23 and 5.24. Differences it has to bridge:
   do: a 4-D ``attention_mask`` reaches the attention function untouched, ``DynamicCache.update``
   is called with the layer's new keys and values before attention, and attention functions are
   looked up by name in ``ALL_ATTENTION_FUNCTIONS`` at each call (a local override of ``"sdpa"``).
-- The engine's cache (:class:`GrowingLayer` in a :class:`RaggedCache`) subclasses ``DynamicLayer``: it relies on
-  ``Cache(layer_class_to_replicate=...)``, on layers exposing ``keys``/``values`` (b, heads, S, d) and
-  ``is_initialized``, and on ``crop`` taking a negative count, as in both versions.
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ from dataclasses import dataclass
 import torch
 import transformers
 from packaging.version import Version
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 MIN_TRANSFORMERS = Version("5.23.0")
@@ -118,93 +113,9 @@ _RAGGED: contextvars.ContextVar[RaggedLayout | None] = contextvars.ContextVar("a
 _FOLD: contextvars.ContextVar[bool] = contextvars.ContextVar("adaflash_fold_gqa", default=False)
 
 
-class GrowingLayer(DynamicLayer):
-    """A :class:`~transformers.DynamicLayer` whose keys and values live in buffers with spare room along the
-    sequence: ``update`` writes the new tokens in place and ``crop`` only shortens the valid length.
-
-    transformers' DynamicLayer concatenates at every update, a copy of the layer's whole cache per forward:
-    without it a SmolLM2 decode step of 16 rows over 400 cached tokens ran 1.21x and one of 32 rows 1.31x faster
-    on a 2-core CPU (``docs/research-log.md``, 2026-12-02). Here a buffer is copied only when it runs out of room, and
-    then grows by a quarter (at least ``spare`` slots). ``keys`` and ``values`` read as views of the valid
-    length (so code written against DynamicLayer works unchanged); assigning a tensor to them makes it the
-    new buffer (no spare room until the next growth).
-    """
-
-    spare = 64
-
-    def __init__(self, **kwargs):
-        self._keys = self._values = None
-        self._lengths = [0, 0]  # valid slots of the keys' and the values' buffer (assigned one after the other)
-        super().__init__(**kwargs)
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self._keys is None else self._keys[:, :, : self._lengths[0]]
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._keys = tensor
-        self._lengths[0] = _seq_length(tensor)
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self._values is None else self._values[:, :, : self._lengths[1]]
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._values = tensor
-        self._lengths[1] = _seq_length(tensor)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = self.values = None
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = self._lengths[0]
-        end = start + key_states.shape[-2]
-        if self._keys is None or end > min(self._keys.shape[-2], self._values.shape[-2]):
-            capacity = end + max(self.spare, end // 4)
-            self._keys, self._values = self._grown(self.keys, key_states, capacity), self._grown(self.values, value_states, capacity)
-        self._keys[:, :, start:end] = key_states
-        self._values[:, :, start:end] = value_states
-        self._lengths = [end, end]
-        return self.keys, self.values
-
-    @staticmethod
-    def _grown(old: torch.Tensor | None, new: torch.Tensor, capacity: int) -> torch.Tensor:
-        b, h, _, d = new.shape
-        buffer = new.new_empty((b, h, capacity, d))
-        if old is not None and old.shape[-2]:
-            buffer[:, :, : old.shape[-2]] = old
-        return buffer
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove.")
-        if self.is_initialized:
-            self._lengths = [max(0, n + tokens_to_remove) for n in self._lengths]
-
-
-def _seq_length(tensor: torch.Tensor | None) -> int:
-    return tensor.shape[-2] if tensor is not None and tensor.dim() == 4 else 0
-
-
-class RaggedCache(DynamicCache):
-    """The engine's cache (the target's and the drafter's): :class:`GrowingLayer` layers (in-place updates),
-    and, inside :func:`ragged_forward`, a ragged forward's packed keys and values stored in the padded
-    (b, heads, W, d) layout."""
-
-    def __init__(self):
-        Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        layout = _RAGGED.get()
-        if layout is not None:
-            key_states, value_states = layout.unpack_heads(key_states), layout.unpack_heads(value_states)
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+def ragged_layout() -> RaggedLayout | None:
+    """The layout of the ragged forward this thread is inside (:func:`ragged_forward`), else None."""
+    return _RAGGED.get()
 
 
 def _stock_sdpa(module, query, key, value, attention_mask, *args, **kwargs):

@@ -200,7 +200,7 @@ class GenerateArgs:
         self.drafting()  # validate --sources
 
     def drafting(self):
-        from .decoding.proposers import DraftingConfig
+        from .decoding.config import DraftingConfig
 
         return DraftingConfig.from_sources(self.sources, self.tree_nodes)
 

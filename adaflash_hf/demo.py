@@ -209,8 +209,8 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
     gr = import_gradio()
     import torch
 
+    from .decoding.drafting_state import DraftingState
     from .decoding.policy import FixedVerifyLength
-    from .decoding.proposers import DraftingState
     from .decoding.state import RowSpec
     from .prompting import chat_prompt_ids
     from .serving.torch_thread import torch_thread

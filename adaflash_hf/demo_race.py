@@ -113,8 +113,9 @@ def race(target, drafter, spec: RowSpec, *, drafting_state=None, verify_policy=N
     """
     import torch
 
+    from .decoding.config import DraftingConfig
+    from .decoding.drafting_state import DraftingState
     from .decoding.policy import FixedVerifyLength
-    from .decoding.proposers import DraftingConfig, DraftingState
 
     plain_drafting = DraftingConfig(drafter=False, suffix=True, global_index=False, datastore=False)  # never verified
     plain = Side("plain", target, drafting=plain_drafting, drafting_state=DraftingState(plain_drafting),

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from .decoding.proposers import DATASTORE_FILE, PRIOR_FILE, load_acceptance_prior, load_datastore
+from .decoding.acceptance import PRIOR_FILE, load_acceptance_prior
+from .decoding.datastore_file import DATASTORE_FILE, load_datastore
 from .kernels import is_packed, pack_linear_weights
 from .modeling_adaflash import AdaFlashDrafter
 from .targets import HUB_ID

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,18 +22,14 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ._compat import check_transformers_version
 from .checks import check_pair, check_token_ids, is_adaflash_drafter
-from .decoding.engine import context_features, draft_block
+from .decoding.config import NONE, DraftingConfig
+from .decoding.draft_head import DraftHead, top_probs_and_tokens
+from .decoding.drafting_state import DraftingState, default_drafting_state
+from .decoding.learning import learn_acceptance
 from .decoding.outputs import RoundStats, SpeculativeStats
 from .decoding.policy import GoodputVerifyLength, VerifyLengthPolicy, wants_drafts
-from .decoding.proposers import (
-    NONE,
-    DraftHead,
-    DraftingConfig,
-    DraftingState,
-    HybridProposer,
-    default_drafting_state,
-    top_probs_and_tokens,
-)
+from .decoding.proposers.drafter import DrafterBlock, context_features, draft_block
+from .decoding.proposers.hybrid import HybridProposer
 from .decoding.recording import RoundObserver
 from .modeling_adaflash import AdaFlashDrafter
 
@@ -81,8 +76,10 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         if isinstance(self.policy, GoodputVerifyLength) and self.policy.cost_model is None:
             self.policy.cost_model = state.cost_model
         self.state = state
-        self.proposer = HybridProposer(state, self.drafting, drafter.config.block_size if self.use_drafter else None,
+        self.sequence_drafter = _SequenceDrafter(self) if self.use_drafter else None
+        self.proposer = HybridProposer(state, self.drafting, self.sequence_drafter,
                                        getattr(drafter, "adaflash_datastore", None))
+        self._candidates: list = []  # the last proposal's candidates, which the estimator learns from
         state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         # Ask the target for just the context layers, unless the user wants every hidden state returned
         # (selecting layers then breaks generate's output bookkeeping).
@@ -113,7 +110,6 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         start = time.perf_counter()
         seq_len = input_ids.shape[1]
         processed = seq_len - 1  # the newest token (bonus) is not yet in the target cache
-        drafted: dict[str, torch.Tensor] = {}
         if self.use_drafter:
             # Features of the tokens the last forward added (prefill: the prompt; later: the accepted
             # tokens, first in the verification output) wait here until the drafter next runs.
@@ -124,30 +120,23 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         mask = model_kwargs.get("attention_mask") if model_kwargs else None
         if mask is None:
             mask = torch.ones_like(input_ids)
-
-        def run_drafter() -> tuple[torch.Tensor, torch.Tensor, Callable]:
-            tick = time.perf_counter()
-            context = torch.cat(self._waiting, dim=1)
-            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
-            drafted["hidden"] = draft_block(self.drafter, self.embed, input_ids[:, -1], context, positions[:, self._cached_len : processed],
-                                            positions[:, -1], mask[:, :processed], self.cache)
-            self._cached_len, self._waiting = processed, []
-            tokens, top_probs, logits = top_probs_and_tokens(self.head, drafted["hidden"][:, 1:])
-            drafted["seconds"] = time.perf_counter() - tick
-            return tokens, top_probs, self.head.scorer(logits)
-
+        if self.use_drafter:
+            self.sequence_drafter.round = (input_ids, mask, processed)
         if wants_drafts(self.policy, 1):
-            proposal = self.proposer.propose([0], run_drafter if self.use_drafter else None)
+            proposal = self.proposer.propose([0])
         else:  # the policy holds plain steps: no look-ups, no drafter
             proposal = self.proposer.no_proposal([0])
-        draft_hidden = drafted.get("hidden")
+        self._candidates = proposal.candidates
+        block = proposal.block
+        draft_hidden, drafter_seconds = (None, None) if block is None else (block.hidden, block.seconds)
         verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)[0]) if proposal.tokens.shape[1] else 1
         num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
         if num_drafts <= 0:
-            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), drafted.get("seconds"))
+            self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), drafter_seconds)
             return input_ids, None
         draft_tokens = proposal.tokens[:, :num_drafts].to(input_ids.device)  # (1, g)
-        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(), drafted.get("seconds"))
+        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(),
+                         drafter_seconds)
         # Deterministic drafts are exact one-hot proposals: returning no logits makes transformers verify
         # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
@@ -164,7 +153,7 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         chunk = input_ids[0, self._known :].tolist()
-        self.proposer.record([0], [chunk])
+        learn_acceptance(self.state, self._candidates, [chunk])
         self.proposer.extend_row(0, chunk)
         self._known = input_ids.shape[1]
         if self._pending is None:
@@ -188,6 +177,28 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         if self.observer is not None:
             self.observer.on_finish(self._row_id)
             self.observer = None
+
+
+class _SequenceDrafter:
+    """The drafter of one sequence as a :class:`~.decoding.proposers.hybrid.HybridProposer` source: its cache and
+    unread features live on the candidate generator; ``round`` holds this round's (input_ids, mask, processed)."""
+
+    def __init__(self, generator: AdaFlashCandidateGenerator):
+        self.generator = generator
+        self.block_size = generator.drafter.config.block_size
+        self.round: tuple | None = None
+
+    def propose(self, row_ids, anchors, anchor_pos, max_len) -> DrafterBlock:
+        gen = self.generator
+        input_ids, mask, processed = self.round
+        tick = time.perf_counter()
+        context = torch.cat(gen._waiting, dim=1)
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
+        hidden = draft_block(gen.drafter, gen.embed, input_ids[:, -1], context,
+                             positions[:, gen._cached_len : processed], positions[:, -1], mask[:, :processed], gen.cache)
+        gen._cached_len, gen._waiting = processed, []
+        tokens, top_probs, logits = top_probs_and_tokens(gen.head, hidden[:, 1:])
+        return DrafterBlock(tokens, top_probs, gen.head.scorer(logits), logits, hidden, time.perf_counter() - tick)
 
 
 def _generate(self, *args, **kwargs):

@@ -69,7 +69,8 @@ def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: in
     """Median milliseconds of one cached target forward with k new tokens after ``input_ids``."""
     import torch
 
-    from ._compat import CACHE_KWARG, RaggedCache, engine_attention
+    from ._compat import CACHE_KWARG, engine_attention
+    from .decoding.kv_cache import RaggedCache
 
     cache = RaggedCache()  # the engine's cache: timings include what its updates cost
     with torch.inference_mode():

@@ -94,7 +94,7 @@ class ServeArgs:
         return f"ServeArgs({fields})"
 
     def drafting(self):
-        from .decoding.proposers import DraftingConfig
+        from .decoding.config import DraftingConfig
 
         return DraftingConfig.from_sources(self.sources, self.tree_nodes)
 

@@ -32,7 +32,8 @@ def test_generate_with_assistant_matches_greedy(target, drafter):
 @pytest.mark.parametrize("source", ["drafter", "suffix", "global", "datastore"])
 def test_generate_with_assistant_is_lossless_for_every_draft_source(target, drafter, source, tmp_path):
     from adaflash_hf import DraftingConfig, FixedVerifyLength
-    from adaflash_hf.decoding.proposers import default_drafting_state, load_datastore, save_datastore
+    from adaflash_hf.decoding.datastore_file import load_datastore, save_datastore
+    from adaflash_hf.decoding.drafting_state import default_drafting_state
 
     prompts = random_prompts((6, 9), seed=13)
     answers = [greedy_reference(target, p, 40, eos=False) for p in prompts]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adaflash_hf import generate
-from adaflash_hf.decoding.proposers import DraftHead
+from adaflash_hf.decoding.draft_head import DraftHead
 from adaflash_hf.kernels import (
     PackedLinear,
     is_packed,

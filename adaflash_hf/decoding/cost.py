@@ -163,7 +163,8 @@ class VerifyCostModel:
         Returns {(rows, width): seconds}; every shape goes into ``batch_seconds`` and width 1 into
         ``row_seconds``.
         """
-        from .._compat import CACHE_KWARG, RaggedCache, engine_attention
+        from .._compat import CACHE_KWARG, engine_attention
+        from .kv_cache import RaggedCache
 
         device = next(target.parameters()).device
         vocab = target.get_input_embeddings().weight.shape[0]
@@ -195,7 +196,8 @@ class VerifyCostModel:
         Rows of a real batch are separate sequences, but the cost of a forward on a CPU or GPU is
         driven by the number of new tokens; one row of n tokens measures it. Returns {count: seconds}.
         """
-        from .._compat import CACHE_KWARG, RaggedCache, engine_attention
+        from .._compat import CACHE_KWARG, engine_attention
+        from .kv_cache import RaggedCache
 
         device = next(target.parameters()).device
         vocab = target.get_input_embeddings().weight.shape[0]

@@ -13,13 +13,15 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from ..checks import check_pair, check_prompt_batch, sampling_params_from
+from ..checks import check_pair, check_prompt_batch
 from ..modeling_adaflash import AdaFlashDrafter
+from .config import DraftingConfig
+from .drafting_state import DraftingState
 from .outputs import SpeculativeGenerateOutput, SpeculativeStats
 from .policy import VerifyLengthPolicy
-from .proposers import DraftingConfig, DraftingState
 from .recording import RoundObserver
-from .state import RowSpec, SpeculativeBatch, context_features, draft_block  # noqa: F401  (re-exported)
+from .sampling import sampling_params_from
+from .state import RowSpec, SpeculativeBatch
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ def generate(
             maximises expected tokens per second with this machine's measured verify cost).
         drafting: which draft sources each row may use per round (default: all of them, see
             :class:`DraftingConfig`); each round every row verifies a draft tree of its candidates'
-            likeliest tokens (:mod:`.tree`), or with ``tree_nodes=0`` the single candidate with the most
+            likeliest tokens (:mod:`.draft_tree`), or with ``tree_nodes=0`` the single candidate with the most
             expected accepted tokens, or nothing.
         drafting_state: acceptance statistics and the global suffix index shared across calls
             (default: one per target model, :func:`drafting_state`).

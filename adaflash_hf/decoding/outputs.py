@@ -16,7 +16,8 @@ class RoundStats:
     each row's drafts came from ("drafter", "suffix", "global", or "none" for a plain step); tree:
     whether the round verified draft trees (several candidates per row) rather than chains; checked:
     per row, the drafts verified along its accepted path (a tree's accepted depth, plus one where a draft
-    below it was rejected; a chain's verified drafts), None meaning ``verify_lens - 1``.
+    below it was rejected; a chain's verified drafts), None meaning ``verify_lens - 1``; draft_failures: rows
+    whose drafter or length head failed this round (raised, or gave non-finite values), so they took a plain step.
     """
 
     rows: list[int]
@@ -27,6 +28,7 @@ class RoundStats:
     sources: list[str] = field(default_factory=list)
     tree: bool = False
     checked: list[int] | None = None
+    draft_failures: int = 0
 
 
 @dataclass
@@ -47,6 +49,11 @@ class SpeculativeStats:
                 n, a = counts.get(source, (0, 0))
                 counts[source] = (n + 1, a + accepted)
         return counts
+
+    @property
+    def draft_failures(self) -> int:
+        """Row-rounds whose drafter or length head failed (each then a plain step)."""
+        return sum(r.draft_failures for r in self.rounds)
 
     @property
     def num_rounds(self) -> int:

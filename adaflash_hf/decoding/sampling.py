@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -114,3 +115,35 @@ def rejection_accept(
         residual = torch.where(norm > 0, residual / norm.clamp_min(1e-20), stop_p)
         stop_p = torch.where(rejected[:, None], residual, stop_p)
     return accept_lengths, sample(stop_p, generator)
+
+
+def sampling_params_from(config: GenerationConfig) -> SamplingParams:
+    """Turn a GenerationConfig into SamplingParams, refusing what speculative decoding cannot do losslessly."""
+    if config.max_new_tokens is None or config.max_new_tokens < 1:
+        raise ValueError(
+            f"max_new_tokens={config.max_new_tokens} (max_length={config.max_length}): ask for at least one new token."
+        )
+    if (config.num_beams or 1) > 1:
+        raise ValueError(f"num_beams={config.num_beams}: beam search is not speculative; use greedy or sampling.")
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError(
+            f"num_return_sequences={config.num_return_sequences} is not supported; repeat the prompt in the batch instead."
+        )
+    unsupported = {
+        name: getattr(config, name)
+        for name in ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "min_length", "typical_p", "min_p")
+        if getattr(config, name, None) not in (None, 0, 1.0, 1)
+    }
+    if unsupported:
+        raise ValueError(
+            f"adaflash_hf.generate does not apply {unsupported}; use target.generate(assistant_model=drafter) "
+            "after enable_adaflash(target), which applies every logits processor."
+        )
+    if config.do_sample and config.top_p is not None and not 0 < config.top_p <= 1:
+        raise ValueError(f"top_p={config.top_p}: must be in (0, 1] (1 keeps the whole distribution).")
+    return SamplingParams(
+        do_sample=bool(config.do_sample),
+        temperature=config.temperature if config.do_sample and config.temperature is not None else 1.0,
+        top_k=config.top_k if config.do_sample and config.top_k else None,
+        top_p=config.top_p if config.do_sample and config.top_p is not None and config.top_p < 1.0 else None,
+    )

@@ -86,7 +86,7 @@ class BenchOPDArgs:
     )
     num_threads: int | None = num_threads_field(" for serving")
     output: str = field(
-        default="results/bench_opd.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."}
+        default="benchmarks/opd/smollm2-135m.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."}
     )
     seed: int = seed_field("the live stream order and of OPD")
 
@@ -151,9 +151,10 @@ def run_bench_opd(args: BenchOPDArgs) -> int:
     import torch
 
     from ..cli_args import encode_prompt
+    from ..decoding.config import DraftingConfig
+    from ..decoding.drafting_state import DraftingState
     from ..decoding.engine import generate
     from ..decoding.policy import FixedVerifyLength
-    from ..decoding.proposers import DraftingConfig, DraftingState
     from ..drafters import load_drafter
     from ..provenance import code_provenance
     from ..targets import load_target

@@ -49,7 +49,7 @@ class SoakArgs:
         metadata={"help": "Faults to inject, spread over the run (subset of kill, nan, corrupt, full)."},
     )
     output: str = field(
-        default="results/soak_opd.json", metadata={"help": "Report JSON (a .txt summary goes beside it)."}
+        default="benchmarks/soak/smollm2-135m.json", metadata={"help": "Report JSON (a .txt summary goes beside it)."}
     )
 
     def __post_init__(self) -> None:

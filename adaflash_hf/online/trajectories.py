@@ -221,7 +221,7 @@ def teacher_forced_trajectory(
     The teacher is the target's distribution at each position, so where the text departs from the
     target's greedy choice, training and the acceptance check follow the target, not the text.
     """
-    from ..decoding.state import context_features
+    from ..decoding.proposers.drafter import context_features
 
     if not 1 <= prompt_len < len(tokens):
         raise ValueError(f"prompt_len must be in [1, {len(tokens) - 1}] for {len(tokens)} tokens, got {prompt_len}.")

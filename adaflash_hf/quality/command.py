@@ -185,7 +185,7 @@ def evaluate(
     """
     import torch
 
-    from ..decoding.proposers import DraftingState
+    from ..decoding.drafting_state import DraftingState
     from ..prompting import chat_prompt_ids
 
     eos = target.generation_config.eos_token_id

@@ -86,8 +86,9 @@ class ConcurrencyBenchArgs:
 
 def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int, target_name: str | None = None):
     """The scheduler a method is served with (its own drafting state, so methods learn independently)."""
+    from ..decoding.config import DraftingConfig
+    from ..decoding.drafting_state import DraftingState
     from ..decoding.policy import FixedVerifyLength
-    from ..decoding.proposers import DraftingConfig, DraftingState
     from .scheduler import Scheduler, SchedulerConfig
 
     config = SchedulerConfig(max_batch_size=max_batch_size, max_queue=max(256, 4 * max_batch_size))

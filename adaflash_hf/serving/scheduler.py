@@ -37,9 +37,10 @@ from collections import deque
 
 import torch
 
+from ..decoding.config import DraftingConfig
+from ..decoding.drafting_state import DraftingState
 from ..decoding.outputs import RoundStats
 from ..decoding.policy import wants_drafts
-from ..decoding.proposers import DraftingConfig, DraftingState
 from ..decoding.state import RowSpec, RowUpdate, SpeculativeBatch
 from ..heap import HeapTrimmer
 from .requests import QueueFull, RequestParams, RequestStream, SchedulerConfig, ShuttingDown, TokenEvent

@@ -6,7 +6,7 @@ cross-entropy over the at-risk positions only (:func:`survival_loss`); positions
 rejection or past the verified length carry no label.
 
 Evaluation on records of held-out (eval split) prompts, against the engine's
-:class:`~adaflash_hf.decoding.proposers.AcceptanceEstimator` as the policy received it, that
+:class:`~adaflash_hf.decoding.acceptance.AcceptanceEstimator` as the policy received it, that
 estimator's features refit on the training records, and per-position constants: per-position log-loss
 and Brier score, and the error of the expected accepted length.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..decoding.proposers import drafter_feature
+from ..decoding.proposers.drafter import drafter_feature
 from ..modeling_length_head import AdaFlashLengthHead
 from .length_head_records import AcceptanceRecords
 

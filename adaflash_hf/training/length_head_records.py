@@ -23,8 +23,10 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..decoding.config import DraftingConfig
+from ..decoding.draft_head import DraftHead, top_probs_and_tokens
+from ..decoding.drafting_state import DraftingState
 from ..decoding.policy import FixedVerifyLength
-from ..decoding.proposers import DraftHead, DraftingConfig, DraftingState, top_probs_and_tokens
 
 logger = logging.getLogger(__name__)
 

@@ -183,9 +183,10 @@ def evaluate(
 def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens: int) -> dict:
     """Real speculative decoding with the drafter's block alone (batch 1, greedy, whole block) on a few
     held-out prompts: tau, acceptance, speed."""
+    from ..decoding.config import DraftingConfig
+    from ..decoding.drafting_state import DraftingState
     from ..decoding.engine import generate
     from ..decoding.policy import FixedVerifyLength
-    from ..decoding.proposers import DraftingConfig, DraftingState
     from .data import chat_prompt_ids
 
     alone = dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(), drafting_state=DraftingState())

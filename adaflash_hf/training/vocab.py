@@ -106,7 +106,8 @@ def pick_retention_samples(
 
 
 def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
-    from ..decoding.proposers import DATASTORE_FILE, PRIOR_FILE, save_datastore
+    from ..decoding.acceptance import PRIOR_FILE
+    from ..decoding.datastore_file import DATASTORE_FILE, save_datastore
     from ..drafters import load_drafter
     from ..targets import load_target
 
@@ -241,8 +242,9 @@ def learn_acceptance_prior(
     """
     from tqdm.auto import tqdm
 
+    from ..decoding.drafting_state import DraftingState
     from ..decoding.engine import generate
-    from ..decoding.proposers import DraftingState, NGramIndex
+    from ..decoding.ngram_index import NGramIndex
 
     if not sequences:
         raise ValueError(

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from adaflash_hf import AdaFlashDrafter, enable_adaflash, heap
+from adaflash_hf.decoding.datastore_file import load_datastore, save_datastore
 from adaflash_hf.decoding.engine import generate
 from adaflash_hf.decoding.policy import FixedVerifyLength
-from adaflash_hf.decoding.proposers import load_datastore, save_datastore
-from adaflash_hf.decoding.state import context_features
+from adaflash_hf.decoding.proposers.drafter import context_features
 from adaflash_hf.online import (
     AdaFlashOPD,
     AdapterFollower,

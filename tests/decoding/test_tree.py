@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -9,9 +11,17 @@ from transformers import DynamicCache
 
 from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, generate
 from adaflash_hf._compat import CACHE_KWARG
-from adaflash_hf.decoding.proposers import NGramIndex, expected_accepted
+from adaflash_hf.decoding.acceptance import expected_accepted
+from adaflash_hf.decoding.draft_tree import (
+    ancestor_mask,
+    build_tree,
+    chain_rates,
+    is_chain,
+    tree_accept,
+    tree_attention_mask,
+)
+from adaflash_hf.decoding.ngram_index import NGramIndex
 from adaflash_hf.decoding.sampling import SamplingParams
-from adaflash_hf.decoding.tree import ancestor_mask, build_tree, chain_rates, is_chain, tree_accept, tree_attention_mask
 
 from conftest import greedy_reference, left_pad, tiny_target
 
@@ -189,9 +199,9 @@ def test_tree_settings_are_validated_and_a_lone_drafter_stays_a_chain():
         DraftingConfig(tree_nodes=-1)
     with pytest.raises(ValueError, match="branches"):
         DraftingConfig(branches=0)
-    from adaflash_hf.decoding.proposers import HybridProposer
+    from adaflash_hf.decoding.proposers.hybrid import HybridProposer
 
-    assert not HybridProposer(DraftingState(), DraftingConfig.only("drafter"), block_size=4).trees  # nothing to merge
-    assert HybridProposer(DraftingState(), DraftingConfig.only("suffix"), block_size=None).trees  # runner-up branches
+    assert not HybridProposer(DraftingState(), DraftingConfig.only("drafter"), SimpleNamespace(block_size=4)).trees  # nothing to merge
+    assert HybridProposer(DraftingState(), DraftingConfig.only("suffix"), drafter=None).trees  # runner-up branches
     one_candidate = DraftingConfig(drafter=False, global_index=False, datastore=False, branches=1)
-    assert not HybridProposer(DraftingState(), one_candidate, block_size=None).trees
+    assert not HybridProposer(DraftingState(), one_candidate, drafter=None).trees

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from adaflash_hf._compat import CACHE_KWARG, GrowingLayer, RaggedCache
+from adaflash_hf._compat import CACHE_KWARG
+from adaflash_hf.decoding.kv_cache import GrowingLayer, RaggedCache
 
 
 def random_states(generator, b=3, h=2, n=1, d=4):

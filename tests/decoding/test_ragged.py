@@ -11,7 +11,6 @@ from adaflash_hf import DraftingConfig, DraftingState, GoodputVerifyLength, gene
 from adaflash_hf import _compat as compat
 from adaflash_hf._compat import (
     CACHE_KWARG,
-    RaggedCache,
     RaggedLayout,
     fold_gqa,
     folded_sdpa,
@@ -21,9 +20,10 @@ from adaflash_hf._compat import (
 )
 from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
-from adaflash_hf.decoding.policy import MIN_GAIN, ragged_verify_lens
+from adaflash_hf.decoding.draft_tree import tree_attention_mask
+from adaflash_hf.decoding.goodput import MIN_GAIN, ragged_verify_lens
+from adaflash_hf.decoding.kv_cache import RaggedCache
 from adaflash_hf.decoding.state import SpeculativeBatch
-from adaflash_hf.decoding.tree import tree_attention_mask
 
 from conftest import EOS, OracleDrafter, greedy_reference, left_pad, random_prompts
 

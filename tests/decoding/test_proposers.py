@@ -13,21 +13,15 @@ import pytest
 import torch
 
 from adaflash_hf import AdaFlashDrafter, DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength, generate
-from adaflash_hf.decoding import state as state_module
+from adaflash_hf.decoding.acceptance import PRIOR_FILE, AcceptanceEstimator, expected_accepted, load_acceptance_prior
 from adaflash_hf.decoding.cost import VerifyCostModel
+from adaflash_hf.decoding.datastore_file import load_datastore, save_datastore
+from adaflash_hf.decoding.draft_head import DraftHead
+from adaflash_hf.decoding.ngram_index import NGramIndex
 from adaflash_hf.decoding.policy import verify_limit
-from adaflash_hf.decoding.proposers import (
-    PRIOR_FILE,
-    AcceptanceEstimator,
-    DraftHead,
-    HybridProposer,
-    NGramIndex,
-    drafter_bucket,
-    expected_accepted,
-    load_acceptance_prior,
-    load_datastore,
-    save_datastore,
-)
+from adaflash_hf.decoding.proposers import drafter as drafter_module
+from adaflash_hf.decoding.proposers.drafter import DrafterBlock, drafter_bucket
+from adaflash_hf.decoding.proposers.hybrid import HybridProposer
 from adaflash_hf.dflash_format import save_dflash_checkpoint
 from adaflash_hf.training.data import TrainingSequence
 from adaflash_hf.training.vocab import coverage, most_frequent, response_token_counts
@@ -149,27 +143,27 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     explored = [i for i, h in enumerate(held) if h]
     # explore_every rounds after the first loss, then far enough apart that each loss (1 plain step's time) wastes an
     # eighth of the time: every 8 rounds, not more rarely with every loss (one unlucky round cannot hold plain for long)
-    assert explored == [2, 10, 18, 26] and policy._explore[5] == 8
+    assert explored == [2, 10, 18, 26] and policy.guard.explore[5] == 8
     budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=256, desync_per_row=0.0,
                                    burst_rounds=1, min_evidence=1)  # budget 0.01
     budgeted.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 100 rounds at most
-    assert budgeted._explore[5] == 100
+    assert budgeted.guard.explore[5] == 100
     budgeted.update(torch.full((16,), 1), spec, 0.700)  # a dear round: the bucket's rate falls to 3.8 / 9.7 tokens per step,
-    assert budgeted._explore[5] == 256  # 2 * (9.7 / 3.8 - 1) = 3.1 plain steps lost per round: 310, capped at max_explore_every
+    assert budgeted.guard.explore[5] == 256  # 2 * (9.7 / 3.8 - 1) = 3.1 plain steps lost per round: 310, capped at max_explore_every
     budgeted.update(torch.full((16,), 1), spec, 0.205)  # one cheap round does not undo that: the interval follows the rates
-    assert budgeted._explore[5] == math.ceil(2 * (1 / budgeted.rate(5, True) - 1) / 0.01) == 198
+    assert budgeted.guard.explore[5] == math.ceil(2 * (1 / budgeted.rate(5, True) - 1) / 0.01) == 198
     cheap = GoodputVerifyLength(cost_model=cost, explore_every=4, desync_per_row=0.0, burst_rounds=1, min_evidence=1)
     cheap.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     cheap.update(torch.full((16,), 1), spec, 0.205)  # a cheap loss (2 tokens in 2.05 steps): soon explored again
-    assert cheap.losing(5) and cheap._explore[5] == 5
+    assert cheap.losing(5) and cheap.guard.explore[5] == 5
     fresh = GoodputVerifyLength(cost_model=cost, explore_every=4, desync_per_row=0.0)  # min_evidence 8
     fresh.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     for _ in range(7):  # a bucket's first speculative rounds (kernel set-up for new shapes) do not back exploring off
         fresh.update(torch.full((16,), 1), spec, 0.700)
-        assert fresh.losing(5) and fresh._explore.get(5, 4) == 4
+        assert fresh.losing(5) and fresh.guard.explore.get(5, 4) == 4
     fresh.update(torch.full((16,), 1), spec, 0.700)
-    assert fresh._explore[5] == 256
+    assert fresh.guard.explore[5] == 256
     assert policy.wants_drafts(4)  # another batch-size bucket: no speculative evidence there yet
     policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
     assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in
@@ -205,7 +199,7 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
     held = trace[40:]  # speculation now loses: plain steps, with explored runs of exactly three speculative rounds
     assert "SSS" in held and "SSSS" not in held and held.count("S") % 3 == 0 and ".S." not in held
     lost = 2.5 - 2  # plain steps' worth wasted per losing speculative round
-    assert policy._explore[4] == max(policy.explore_every, math.ceil(3 * lost / policy.explore_budget)) == 15
+    assert policy.guard.explore[4] == max(policy.explore_every, math.ceil(3 * lost / policy.explore_budget)) == 15
 
 
 def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says():
@@ -225,7 +219,7 @@ def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says()
     for _ in range(8):
         if policy.wants_drafts(4):
             chosen = policy.verify_lens(rates, None).tolist()
-            if policy._exploring:  # (rounds it speculates in once exploring has shown that pays use the cost model again)
+            if policy.guard.exploring:  # (rounds it speculates in once exploring has shown that pays use the cost model again)
                 lengths.append(chosen)
             policy.update(torch.full((4,), 2), torch.tensor(chosen), 0.020, proposed=True)
         else:
@@ -233,21 +227,21 @@ def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says()
             policy.update(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.010, proposed=False)
     assert lengths and all(max(row) >= 2 for row in lengths)  # the explored rounds verified drafts
     assert all(max(row) <= max(policy.caps) for row in lengths)
-    from adaflash_hf.decoding.policy import ragged_verify_lens
+    from adaflash_hf.decoding.goodput import ragged_verify_lens
 
     assert int(ragged_verify_lens(rates, cost, None).max()) == 1  # what the stale cost model alone would have chosen
 
 
 def test_a_fixed_length_arm_verifies_every_row_up_to_its_length_whatever_the_cost_model_says():
     """At 4 rows a cost table learnt from few, noisy ragged forwards made the goodput choice verify 10-74 % of the rows'
-    anchors only, while adaflash@4 realised 1.16x plain (session 18): an arm of a fixed length runs as adaflash@N does,
+    anchors only, while adaflash@4 realised 1.16x plain (measured on a 2-core CPU): an arm of a fixed length runs as adaflash@N does,
     so the guard measures what that length realises and runs it where it pays most."""
     cost = VerifyCostModel()
     cost.update(4, 0.010, rows=4)
     for tokens, seconds in ((4, 0.010), (8, 0.150), (16, 0.200)):  # drafts look dear: the goodput choice verifies anchors only
         cost.update(tokens, seconds, rows=4, ragged=True)
     rates = torch.full((4, 8), 0.5)
-    from adaflash_hf.decoding.policy import ragged_verify_lens
+    from adaflash_hf.decoding.goodput import ragged_verify_lens
 
     assert ragged_verify_lens(rates, cost).tolist() == [1, 1, 1, 1]
     policy = GoodputVerifyLength(cost_model=cost, ragged=True)
@@ -277,7 +271,7 @@ def test_the_guard_asks_larger_batches_to_win_by_more():
         policy.update(torch.ones(rows, dtype=torch.long), torch.full((rows,), 3), 0.100 * 2 / 1.08, proposed=True)
         assert policy.losing(rows.bit_length()) is holds
     lost = 2 / 1.08 * policy.desync_cost(5) - 2  # plain steps' worth: the round's time with its desync, less its tokens
-    assert policy._explore[5] == max(policy.explore_every, math.ceil(policy.burst_rounds * lost / policy.explore_budget)) == 23
+    assert policy.guard.explore[5] == max(policy.explore_every, math.ceil(policy.burst_rounds * lost / policy.explore_budget)) == 23
 
 
 def test_the_guard_caps_verify_lengths_at_the_cap_that_realises_most():
@@ -323,7 +317,7 @@ def test_a_round_that_proposed_counts_as_speculative_even_when_it_verified_only_
     assert not policy.wants_drafts(16)  # proposing costs more than it brings here: hold plain steps
     policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100, proposed=False)
     policy.update(torch.zeros(16, dtype=torch.long), torch.full((16,), 3), 0.2)  # proposed unknown: filed by verify lengths
-    assert policy._since[(5, True)] == 0
+    assert policy.guard.since[(5, True)] == 0
 
 
 def test_report_round_passes_proposed_only_to_policies_that_take_it():
@@ -416,11 +410,11 @@ def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, d
     for answer in answers:  # long matches to follow: the same prompts, answered once
         state.remember(answer)
     longest, head_positions = [], []
-    propose, top_probs = HybridProposer.propose, state_module.top_probs_and_tokens
+    propose, top_probs = HybridProposer.propose, drafter_module.top_probs_and_tokens
 
     def recorded_propose(self, *args, **kwargs):
         proposal = propose(self, *args, **kwargs)
-        longest.append(max((len(tokens) for options in self._options.values() for _, tokens, _ in options), default=0))
+        longest.append(max((len(tokens) for options in proposal.candidates for _, tokens, _ in options), default=0))
         return proposal
 
     def recorded_top_probs(head, hidden):
@@ -428,7 +422,7 @@ def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, d
         return top_probs(head, hidden)
 
     monkeypatch.setattr(HybridProposer, "propose", recorded_propose)
-    monkeypatch.setattr(state_module, "top_probs_and_tokens", recorded_top_probs)
+    monkeypatch.setattr(drafter_module, "top_probs_and_tokens", recorded_top_probs)
     out = generate(target, drafter, ids, mask, max_new_tokens=30, eos_token_id=None, drafting_state=state,
                    drafting=DraftingConfig(drafter_every_round=True), verify_policy=FixedVerifyLength(3))
     assert longest and max(longest) == 2 and head_positions and set(head_positions) == {2}
@@ -568,26 +562,36 @@ def test_the_drafter_scores_candidate_tokens_with_its_own_probabilities(target):
     assert [drafter_bucket(p) for p in (None, 0.001, 0.05, 0.2, 0.9)] == ["q-", "q0", "q1", "q2", "q3"]
 
 
+class StubDrafter:
+    """A drafter of block size 4 whose block is always [3, 1, 9]; ``calls`` counts its passes."""
+
+    block_size = 4
+
+    def __init__(self, calls, scorer):
+        self.calls, self.scorer = calls, scorer
+
+    def propose(self, row_ids, anchors, anchor_pos, max_len):
+        self.calls.append(1)
+        return DrafterBlock(torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), self.scorer)
+
+
 @pytest.mark.parametrize("cheap", [True, False])
 def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(cheap):
     state = DraftingState()
     state.observe_round(1, 0.040, 0.002 if cheap else 0.020)  # a drafter pass costs 5 % or 50 % of a step
     state.drafter_value = 0.0
-    proposer = HybridProposer(state, DraftingConfig(global_index=False), block_size=4)
+    calls = []
+    drafter = StubDrafter(calls, lambda queries: [[0.6] * len(t) for _, t in queries])
+    proposer = HybridProposer(state, DraftingConfig(global_index=False), drafter)
     proposer.add_row(0, [1, 2, 3, 1, 2, 3, 1, 2])
     state.rounds_since_drafter = -100  # drafter_pays alone would skip it: the suffix candidate is worth more
-    calls = []
 
-    def run_drafter():
-        calls.append(1)
-        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), lambda queries: [[0.6] * len(t) for _, t in queries]
-
-    proposer.propose([0], run_drafter, tree=True, max_depths=[8])
-    suffix_features = [f for source, _, features in proposer._options[0] if source == "suffix" for f in features]
+    proposal = proposer.propose([0], tree=True, max_depths=[8])
+    suffix_features = [f for source, _, features in proposal.candidates[0] if source == "suffix" for f in features]
     assert suffix_features
     if cheap:
         assert calls and all(f[-1] == "q3" for f in suffix_features)
-        assert any(source == "drafter" for source, _, _ in proposer._options[0])  # its block joins the tree too
+        assert any(source == "drafter" for source, _, _ in proposal.candidates[0])  # its block joins the tree too
     else:
         assert not calls and not any(isinstance(f[-1], str) for f in suffix_features)
 
@@ -613,16 +617,12 @@ def test_a_drafter_that_does_not_pay_is_skipped_unless_it_must_draft_every_round
     state = DraftingState()
     state.observe_round(1, 0.040, 0.020)  # half a step for nothing accepted
     state.drafter_value = 0.0
-    proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
-                                                    drafter_every_round=every_round), block_size=4)
-    proposer.add_row(0, [1, 2, 3])
     calls = []
+    proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
+                                                    drafter_every_round=every_round), StubDrafter(calls, None))
+    proposer.add_row(0, [1, 2, 3])
 
-    def run_drafter():
-        calls.append(1)
-        return torch.tensor([[3, 1, 9]]), torch.tensor([[0.9, 0.8, 0.1]]), None
-
-    proposal = proposer.propose([0], run_drafter)
+    proposal = proposer.propose([0])
     assert len(calls) == int(every_round)
     assert proposal.sources == (["drafter"] if every_round else ["none"])
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
+from adaflash_hf.decoding.kv_cache import packed_index, relayout_cache
 from adaflash_hf.decoding.sampling import SamplingParams
-from adaflash_hf.decoding.state import RowSpec, SpeculativeBatch, packed_index, relayout_cache
+from adaflash_hf.decoding.state import RowSpec, SpeculativeBatch
 
 from conftest import EOS, greedy_reference, random_prompts
 
@@ -132,17 +133,15 @@ def test_a_join_after_the_drafter_cache_compacts_to_nothing(target, drafter):
 def _drafter_blocks(batch: SpeculativeBatch) -> dict:
     """Record, per row, every block the drafter proposes (the proposer's call into the drafter)."""
     blocks: dict = {}
-    propose = batch.proposer.propose
+    propose = batch.drafter_proposer.propose
 
-    def recording(ids, run_drafter, **kwargs):
-        def run():
-            tokens, probs, *score = run_drafter()
-            for row, block in zip(ids, tokens.tolist()):
-                blocks.setdefault(row, []).append(block)
-            return tokens, probs, *score
-        return propose(ids, run if run_drafter is not None else None, **kwargs)
+    def recording(ids, *args, **kwargs):
+        block = propose(ids, *args, **kwargs)
+        for row, drafts in zip(ids, block.tokens.tolist()):
+            blocks.setdefault(row, []).append(drafts)
+        return block
 
-    batch.proposer.propose = recording
+    batch.drafter_proposer.propose = recording
     return blocks
 
 
@@ -184,7 +183,7 @@ def test_rounds_without_the_drafter_leave_the_target_cache_as_tight_as_plain_dec
         batch.add_rows([RowSpec("a", prompts[0], 40)])
         if d is not None:
             batch.step()  # one speculative round: the drafter caches row a's context
-            assert batch.draft_cache.get_seq_length() > 0
+            assert batch.drafter_proposer.cache.get_seq_length() > 0
             slots["made"] = batch.num_new["a"]
         else:
             while batch.num_new["a"] < slots["made"]:
@@ -204,8 +203,10 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
     """Rounds that skip the drafter leave their features unread; the round that resumes drafting reads them all. The
     policy is told that round's time less the catching-up share of the drafter pass (by tokens), so a long hold does
     not make speculation look dearer than a drafter running every round would."""
+    from adaflash_hf.decoding import learning
     from adaflash_hf.decoding import state as state_module
-    from adaflash_hf.decoding.state import catch_up_seconds
+    from adaflash_hf.decoding.proposers import drafter as drafter_module
+    from adaflash_hf.decoding.proposers.drafter import catch_up_seconds
 
     assert catch_up_seconds(0.1, read=30, fresh=6, block=10) == pytest.approx(0.1 * 24 / 40)
     assert catch_up_seconds(0.1, read=4, fresh=6, block=10) == 0.0  # nothing beyond one round's context
@@ -225,8 +226,9 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
             self.reported.append((seconds, proposed))
 
     clock = [0.0]
-    monkeypatch.setattr(state_module, "timer", lambda device: clock[0])
-    real_draft_block = state_module.draft_block
+    for module in (state_module, drafter_module, learning):  # every clock the round reads
+        monkeypatch.setattr(module, "timer", lambda device: clock[0])
+    real_draft_block = drafter_module.draft_block
     read = []
 
     def slow_draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_mask, cache):
@@ -234,7 +236,7 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
         clock[0] += 0.001 * (context.shape[1] + drafter.config.block_size)  # 1 ms per token the pass runs over
         return real_draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_mask, cache)
 
-    monkeypatch.setattr(state_module, "draft_block", slow_draft_block)
+    monkeypatch.setattr(drafter_module, "draft_block", slow_draft_block)
     from dataclasses import replace
 
     state = DraftingState(replace(DraftingConfig.only("drafter"), drafter_every_round=True))

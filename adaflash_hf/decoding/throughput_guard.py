@@ -1,0 +1,139 @@
+"""The throughput guard of the goodput policy: plain steps while speculation delivers less than they do.
+
+For each batch size (bucketed by powers of two) it keeps what whole rounds realised (proposal, drafter,
+verification and bookkeeping), plain steps and speculative rounds apart: tokens per row over time in units of
+the measured plain step of that many rows, as decayed sums over the last dozen or so rounds, so rounds of 9 and
+of 15 rows compare in one bucket. While speculative rounds deliver less than plain steps (``margin`` in their
+favour, and counting what they cost a larger batch beyond their own time, :meth:`ThroughputGuard.desync_cost`)
+the round is a plain step that proposes nothing, so neither the drafter nor the look-ups are paid for; every
+``explore_every`` rounds it speculates anyway, to notice when that changes. While a bucket loses, explored
+rounds come far enough apart that they waste under ``explore_budget`` of the time, up to ``max_explore_every``
+rounds (an explored round at high load can cost several plain steps); the waste is sized from the bucket's
+rates, not from one round's, and only after ``min_evidence`` speculative rounds there (a bucket's first rounds
+pay kernel set-up for new shapes), so one unlucky round cannot hold plain steps for long. Every
+``refresh_plain_every`` rounds it times a plain step; a bucket without a plain step of its own borrows the
+nearest bucket's. Explored speculation and refreshed plain steps each run ``burst_rounds`` rounds in a row,
+since the rate of a kind the guard rarely runs rests on its latest rounds, and a single round's time and
+acceptance are too noisy to flip the decision on. So on a machine where verification costs as much per token
+as decoding (a saturated CPU at high load) the policy falls back to plain decoding instead of trusting an
+estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's rounds are too few
+and too varied to compare.
+
+Speculation is judged by ``spec_rate``, what its rounds realise under their best verify-length cap
+(:class:`~.cap_bandit.CapBandit`), which the caller passes in (None: every speculative round's rate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ThroughputGuard:
+    margin: float = 1.02
+    desync_per_row: float = 0.008
+    explore_every: int = 16
+    max_explore_every: int = 256
+    explore_budget: float = 0.01
+    burst_rounds: int = 3
+    min_evidence: int = 8
+    refresh_plain_every: int = 64
+    decay: float = 0.9
+    min_rows: int = 2
+    realised: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
+    since: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> rounds since that kind ran
+    explore: dict = field(default_factory=dict)  # rows bucket -> rounds between explored speculative rounds
+    burst: dict = field(default_factory=dict)  # rows bucket -> (speculative?, rounds of it still to run, exploring?)
+    spec_rounds: dict = field(default_factory=dict)  # rows bucket -> speculative rounds seen
+    exploring: bool = False  # whether the round allows() just allowed explores a held bucket
+
+    def rate(self, bucket: int, speculative: bool) -> float | None:
+        """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
+
+        Plain steps make one token per row whatever the batch size, so where a bucket has no plain
+        step measured yet the nearest bucket's plain rate stands in for it.
+        """
+        sums = self.realised.get((bucket, speculative))
+        if sums is None and not speculative:
+            measured = sorted((abs(b - bucket), b) for b, spec in self.realised if not spec)
+            sums = self.realised[(measured[0][1], False)] if measured else None
+        return None if sums is None else sums[0] / sums[1]
+
+    def desync_cost(self, bucket: int) -> float:
+        """The factor by which a speculative round of this bucket costs more than its own time shows: 1 plus
+        ``desync_per_row`` for every row past the first of the bucket's smallest batch (1.0, 1.024, 1.056, 1.12, 1.248
+        at 1, 4, 8, 16, 32 rows by default). Speculation desynchronises rows: they finish at different rounds, so
+        joining requests prefill in smaller groups and rounds run with fewer rows, which no single round's time shows
+        (about 10 % of a served level at 16 rows, measured on a 2-core CPU)."""
+        rows = 1 << max(bucket - 1, 0)
+        return 1 + self.desync_per_row * (rows - 1)
+
+    def speculative_rate(self, bucket: int, spec_rate: float | None) -> float | None:
+        return spec_rate if spec_rate is not None else self.rate(bucket, True)
+
+    def losing(self, bucket: int, spec_rate: float | None) -> bool:
+        """Whether speculative rounds of this bucket realise less than plain steps, their :meth:`desync_cost`
+        counted (``margin`` in speculation's favour)."""
+        return self.loses(bucket, self.rate(bucket, False), self.speculative_rate(bucket, spec_rate))
+
+    def loses(self, bucket: int, plain: float | None, spec: float | None) -> bool:
+        return plain is not None and spec is not None and spec * self.margin < plain * self.desync_cost(bucket)
+
+    def allows(self, rows: int, spec_rate: float | None) -> bool:
+        """Whether a round of ``rows`` rows speculates; sets :attr:`exploring` when it explores a held bucket."""
+        self.exploring = False
+        if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
+            return True
+        bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
+        kind, left, exploring = self.burst.get(bucket, (None, 0, False))
+        if left > 0:  # finishing a run of explored (or refreshing plain) rounds: one round is too noisy to judge by
+            self.burst[bucket] = (kind, left - 1, exploring)
+            self.exploring = exploring
+            return kind
+        if self.rate(bucket, True) is not None and (bucket, False) not in self.realised:
+            return self._start_burst(bucket, False)  # speculated at this size but never timed a plain step here: time some now
+        if self.losing(bucket, spec_rate):
+            if self.since.get((bucket, True), 0) + 1 >= self.explore.get(bucket, self.explore_every):
+                self.exploring = True
+                return self._start_burst(bucket, True, exploring=True)
+            return False
+        if self.rate(bucket, True) is None or self.since.get((bucket, False), 0) + 1 < self.refresh_plain_every:
+            return True
+        return self._start_burst(bucket, False)
+
+    def _start_burst(self, bucket: int, speculative: bool, exploring: bool = False) -> bool:
+        """Run ``burst_rounds`` rounds of this kind in a row (this one included) and answer for this one."""
+        self.burst[bucket] = (speculative, self.burst_rounds - 1, exploring)
+        return speculative
+
+    def record(self, bucket: int, speculative: bool, tokens: float, steps: float, spec_rate: float | None) -> None:
+        """File a round: ``tokens`` per row in ``steps`` plain steps' time. Both are decayed sums (``decay`` per
+        round of the bucket, whichever kind it was), so the rate is tokens over time across the last few dozen
+        rounds, not an average of noisy per-round rates, and a kind the guard held back has its old evidence
+        fade: the next explored round counts more (slow first rounds, such as kernel warm-up, cannot hold plain
+        steps for long)."""
+        for kind in (False, True):  # every round ages both kinds' evidence, so a held kind's old rounds fade
+            if (bucket, kind) in self.realised:
+                self.realised[(bucket, kind)] = [self.decay * x for x in self.realised[(bucket, kind)]]
+        sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
+        sums[0] += tokens
+        sums[1] += steps
+        plain = self.rate(bucket, False)
+        if speculative and plain is not None:  # back off exploring while speculative rounds here lose
+            self.spec_rounds[bucket] = self.spec_rounds.get(bucket, 0) + 1
+            spec = self.speculative_rate(bucket, spec_rate)
+            if self.loses(bucket, plain, spec) and self.spec_rounds[bucket] >= self.min_evidence:
+                # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
+                # acceptance are too noisy to set a long interval by), its desync included. A bucket's first
+                # ``min_evidence`` speculative rounds keep exploring frequent (they pay kernel set-up for new shapes).
+                lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
+                interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
+                self.explore[bucket] = min(interval, self.max_explore_every)
+            else:
+                self.explore[bucket] = self.explore_every
+
+    def ran(self, bucket: int, speculative: bool) -> None:
+        """Count rounds since each kind last ran in this bucket."""
+        self.since[(bucket, speculative)] = 0
+        self.since[(bucket, not speculative)] = self.since.get((bucket, not speculative), 0) + 1
