@@ -59,16 +59,35 @@ EXAMPLES = [
 
 @dataclass
 class DemoArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
-    drafter: str = field(default="auto", metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
-    length_head: str = field(default="auto", metadata={"help": "Adaptive length head that chooses the verify lengths: 'auto' (the one bundled beside the drafter, if any), 'none', a folder or a Hub id."})
+    target: str = field(
+        default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."}
+    )
+    drafter: str = field(
+        default="auto",
+        metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."},
+    )
+    length_head: str = field(
+        default="auto",
+        metadata={
+            "help": "Adaptive length head that chooses the verify lengths: 'auto' (the one bundled beside the "
+            "drafter, if any), 'none', a folder or a Hub id."
+        },
+    )
     dtype: str = dtype_field()
-    host: str | None = field(default=None, metadata={"help": "Address to bind: 127.0.0.1 serves this machine only; "
-                                                      "0.0.0.0 exposes the demo to the network (default: "
-                                                      "$GRADIO_SERVER_NAME, else 127.0.0.1)."})
+    host: str | None = field(
+        default=None,
+        metadata={
+            "help": "Address to bind: 127.0.0.1 serves this machine only; "
+            "0.0.0.0 exposes the demo to the network (default: "
+            "$GRADIO_SERVER_NAME, else 127.0.0.1)."
+        },
+    )
     port: int | None = field(default=None, metadata={"help": "TCP port (default: $GRADIO_SERVER_PORT, else 7860)."})
     max_new_tokens: int = field(default=200, metadata={"help": "Default of the page's token budget slider."})
-    share: bool = field(default=False, metadata={"help": "Also open a temporary public gradio.live link: anyone with the link can use the demo."})
+    share: bool = field(
+        default=False,
+        metadata={"help": "Also open a temporary public gradio.live link: anyone with the link can use the demo."},
+    )
 
     def __post_init__(self):
         if self.host is None:
@@ -78,8 +97,9 @@ class DemoArgs:
             try:
                 self.port = int(port)
             except ValueError:
-                raise ValueError(f"GRADIO_SERVER_PORT={port!r} is not a port number: set it to one in 1..65535, "
-                                 "or pass --port.") from None
+                raise ValueError(
+                    f"GRADIO_SERVER_PORT={port!r} is not a port number: set it to one in 1..65535, or pass --port."
+                ) from None
         if not 0 < self.port < 65536:
             raise ValueError(f"--port {self.port}: choose a TCP port in 1..65535.")
         if self.max_new_tokens < 1:
@@ -96,16 +116,23 @@ def text_html(side: Side, tokenizer) -> str:
     parts = []
     for span in token_spans(tokenizer, side.tokens, side.sources):
         legend, colour = SOURCE_STYLES.get(span.source, SOURCE_STYLES[TARGET])
-        parts.append(f'<span data-source="{span.source}" data-tokens="{span.num_tokens}" title="{legend}" '
-                     f'style="background:{colour};color:#111;border-radius:3px">{html.escape(span.text)}</span>')
-    return (f'<div class="adaflash-text" data-side="{side.name}" data-finish="{side.finish_reason or ""}" '
-            f'data-tokens="{len(side.tokens)}" style="white-space:pre-wrap;font-family:monospace;line-height:1.6;'
-            f'min-height:12em">{"".join(parts)}</div>')
+        parts.append(
+            f'<span data-source="{span.source}" data-tokens="{span.num_tokens}" title="{legend}" '
+            f'style="background:{colour};color:#111;border-radius:3px">{html.escape(span.text)}</span>'
+        )
+    return (
+        f'<div class="adaflash-text" data-side="{side.name}" data-finish="{side.finish_reason or ""}" '
+        f'data-tokens="{len(side.tokens)}" style="white-space:pre-wrap;font-family:monospace;line-height:1.6;'
+        f'min-height:12em">{"".join(parts)}</div>'
+    )
 
 
 def legend_html() -> str:
-    items = "".join(f'<span style="background:{colour};color:#111;border-radius:3px;padding:0 6px;margin-right:8px">'
-                    f"{html.escape(legend)}</span>" for legend, colour in SOURCE_STYLES.values())
+    items = "".join(
+        f'<span style="background:{colour};color:#111;border-radius:3px;padding:0 6px;margin-right:8px">'
+        f"{html.escape(legend)}</span>"
+        for legend, colour in SOURCE_STYLES.values()
+    )
     return f'<div style="margin:4px 0">Accepted tokens by origin: {items}</div>'
 
 
@@ -127,35 +154,46 @@ def stats_html(progress: Race) -> str:
         agreement = f"Identical output{'' if progress.done else ' so far'}: ✓"
     else:
         dtype = str(ada.batch.target.dtype).removeprefix("torch.")
-        agreement = (f"The texts part at token {progress.first_difference}: a near-tie of the target's two best logits "
-                     f"that {dtype} rounds differently in a multi-token verification than in one-token decoding. "
-                     "Start the demo with --dtype fp32 for token-for-token equality.")
+        agreement = (
+            f"The texts part at token {progress.first_difference}: a near-tie of the target's two best logits "
+            f"that {dtype} rounds differently in a multi-token verification than in one-token decoding. "
+            "Start the demo with --dtype fp32 for token-for-token equality."
+        )
     counts = ada.stats.source_counts()
     by_source = ", ".join(f"{source} {n} (+{accepted} drafts)" for source, (n, accepted) in sorted(counts.items()))
-    return (f'<div id="adaflash-stats"><table><tr><th></th><th>plain</th><th>AdaFlash</th></tr>{body}</table>'
-            f'<p><b>speed-up: <span data-speedup>{speedup}</span></b>'
-            f'{" · AdaFlash rounds by source: " + html.escape(by_source) if by_source else ""}</p>'
-            f'<p data-agreement>{html.escape(agreement)}</p></div>')
+    return (
+        f'<div id="adaflash-stats"><table><tr><th></th><th>plain</th><th>AdaFlash</th></tr>{body}</table>'
+        f"<p><b>speed-up: <span data-speedup>{speedup}</span></b>"
+        f"{' · AdaFlash rounds by source: ' + html.escape(by_source) if by_source else ''}</p>"
+        f"<p data-agreement>{html.escape(agreement)}</p></div>"
+    )
 
 
 def verify_lens_html(side: Side, chooser: str) -> str:
     """A bar per round: its verify length (anchor + drafts), coloured by the source of its drafts."""
     lens, sources = side.verify_lens, side.round_sources
     top = max(lens, default=1)
-    bars = "".join(f'<div title="round {i}: {n} verified ({source})" style="flex:1;max-width:10px;height:{100 * n / top:.0f}%;'
-                   f'background:{SOURCE_STYLES.get(source, SOURCE_STYLES[TARGET])[1]}"></div>'
-                   for i, (n, source) in enumerate(zip(lens, sources), start=1))
+    bars = "".join(
+        f'<div title="round {i}: {n} verified ({source})" style="flex:1;max-width:10px;height:{100 * n / top:.0f}%;'
+        f'background:{SOURCE_STYLES.get(source, SOURCE_STYLES[TARGET])[1]}"></div>'
+        for i, (n, source) in enumerate(zip(lens, sources), start=1)
+    )
     counts = ", ".join(f"{n} × {lens.count(n)}" for n in sorted(set(lens)))
-    return (f'<div id="adaflash-verify-lens" data-rounds="{len(lens)}"><b>AdaFlash verify length per round</b> '
-            f"(tokens verified: anchor + drafts, chosen by {chooser}; grey: a plain step)"
-            f'<div style="display:flex;align-items:flex-end;gap:1px;height:110px;border-bottom:1px solid #888;'
-            f'margin:6px 0">{bars}</div>{f"verify lengths (length × rounds): {counts}" if counts else ""}</div>')
+    return (
+        f'<div id="adaflash-verify-lens" data-rounds="{len(lens)}"><b>AdaFlash verify length per round</b> '
+        f"(tokens verified: anchor + drafts, chosen by {chooser}; grey: a plain step)"
+        f'<div style="display:flex;align-items:flex-end;gap:1px;height:110px;border-bottom:1px solid #888;'
+        f'margin:6px 0">{bars}</div>{f"verify lengths (length × rounds): {counts}" if counts else ""}</div>'
+    )
 
 
 def opd_markdown(status: dict[str, Any]) -> str:
     """The OPD worker's adapter version, then its other scalar counters."""
-    extra = [f"{key.replace('_', ' ')}: {value}" for key, value in status.items()
-             if key not in ("adapter_version", "tau_history") and isinstance(value, int | float | str | bool)]
+    extra = [
+        f"{key.replace('_', ' ')}: {value}"
+        for key, value in status.items()
+        if key not in ("adapter_version", "tau_history") and isinstance(value, int | float | str | bool)
+    ]
     line = f"**On-policy distillation** · adapter version **{status.get('adapter_version', '–')}**"
     return line + (" · " + " · ".join(extra) if extra else "")
 
@@ -183,8 +221,9 @@ def import_gradio():
     from packaging.version import Version
 
     if not Version("5.0") <= Version(gradio.__version__) < Version("7"):
-        raise ImportError(f"adaflash demo needs gradio{GRADIO_RANGE}, found {gradio.__version__}: "
-                          f"pip install 'gradio{GRADIO_RANGE}'.")
+        raise ImportError(
+            f"adaflash demo needs gradio{GRADIO_RANGE}, found {gradio.__version__}: pip install 'gradio{GRADIO_RANGE}'."
+        )
     return gradio
 
 
@@ -194,8 +233,16 @@ def sampling_params(temperature: float) -> SamplingParams:
     return SamplingParams() if temperature == 0 else SamplingParams(do_sample=True, temperature=temperature)
 
 
-def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_head_policy=None,
-               max_new_tokens: int = 200, title: str = "AdaFlash: plain decoding vs lossless speculative decoding") -> gradio.Blocks:
+def build_demo(
+    target: PreTrainedModel,
+    drafter,
+    tokenizer,
+    *,
+    opd=None,
+    length_head_policy=None,
+    max_new_tokens: int = 200,
+    title: str = "AdaFlash: plain decoding vs lossless speculative decoding",
+) -> gradio.Blocks:
     """The Gradio page over a loaded target, drafter and tokenizer (not launched).
 
     opd: an on-policy distillation worker whose ``status()`` dict has ``adapter_version`` and, when
@@ -224,11 +271,15 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
 
     def run(prompt: str, budget: int, temperature: float) -> Iterator[Race]:
         spec = RowSpec(0, chat_prompt_ids(tokenizer, prompt), int(budget), sampling_params(temperature), stop_ids)
-        yield from compute.iterate(race(target, drafter, spec, drafting_state=drafting_state, verify_policy=length_head_policy))
+        yield from compute.iterate(
+            race(target, drafter, spec, drafting_state=drafting_state, verify_policy=length_head_policy)
+        )
 
     # First passes pay one-off costs; a throwaway state and policy keep them out of what the page's policy learns.
     warm_up = RowSpec(0, chat_prompt_ids(tokenizer, "Hi!"), 8, stop_ids=stop_ids)
-    for _ in compute.iterate(race(target, drafter, warm_up, drafting_state=DraftingState(), verify_policy=FixedVerifyLength())):
+    for _ in compute.iterate(
+        race(target, drafter, warm_up, drafting_state=DraftingState(), verify_policy=FixedVerifyLength())
+    ):
         pass
 
     def opd_outputs() -> list:
@@ -236,8 +287,12 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
         return [opd_markdown(status), tau_history_table(status)]
 
     def frame(progress: Race) -> list:
-        return [text_html(progress.plain, tokenizer), text_html(progress.adaflash, tokenizer), stats_html(progress),
-                verify_lens_html(progress.adaflash, chooser)] + (opd_outputs() if opd is not None else [])
+        return [
+            text_html(progress.plain, tokenizer),
+            text_html(progress.adaflash, tokenizer),
+            stats_html(progress),
+            verify_lens_html(progress.adaflash, chooser),
+        ] + (opd_outputs() if opd is not None else [])
 
     def compare(prompt: str, budget: int, temperature: float):
         if not prompt.strip():
@@ -249,14 +304,22 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
                 yield frame(progress)
 
     with gr.Blocks(title=title, analytics_enabled=False) as demo:
-        gr.Markdown(f"## {title}\nThe same target model answers twice: alone (one token per forward pass) and with "
-                    "AdaFlash (drafts verified in one pass; the output is the target's own, token for token when "
-                    "greedy). The side that has used less compute time steps next, so the texts race at their real speeds.")
+        gr.Markdown(
+            f"## {title}\nThe same target model answers twice: alone (one token per forward pass) and with "
+            "AdaFlash (drafts verified in one pass; the output is the target's own, token for token when "
+            "greedy). The side that has used less compute time steps next, so the texts race at their real speeds."
+        )
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=2, scale=4, elem_id="prompt")
             with gr.Column(scale=1):
                 budget = gr.Slider(1, max(512, max_new_tokens), value=max_new_tokens, step=1, label="Max new tokens")
-                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy; sampled texts differ, their distribution does not)")
+                temperature = gr.Slider(
+                    0.0,
+                    1.5,
+                    value=0.0,
+                    step=0.05,
+                    label="Temperature (0 = greedy; sampled texts differ, their distribution does not)",
+                )
         button = gr.Button("Generate", variant="primary", elem_id="generate")
         gr.Examples(EXAMPLES, inputs=prompt)
         gr.HTML(legend_html())
@@ -274,8 +337,9 @@ def build_demo(target: PreTrainedModel, drafter, tokenizer, *, opd=None, length_
         if opd is not None:
             with gr.Row():
                 opd_status = gr.Markdown(elem_id="opd-status")
-                tau_plot = gr.LinePlot(x="requests", y="tau", title="τ over requests served (OPD)", height=260,
-                                       elem_id="opd-tau")
+                tau_plot = gr.LinePlot(
+                    x="requests", y="tau", title="τ over requests served (OPD)", height=260, elem_id="opd-tau"
+                )
             outputs += [opd_status, tau_plot]
             demo.load(opd_outputs, outputs=[opd_status, tau_plot])
         # one comparison at a time: both sides share the model, and their timings need the machine to themselves

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 TARGET = "target"  # label of the token the target produces itself at the end of every round
 
 
-
 @dataclass
 class Span:
     """A run of generated text whose tokens came from one source; ``num_tokens`` tokens make ``text``."""
@@ -118,10 +117,22 @@ def race(target, drafter, spec: RowSpec, *, drafting_state=None, verify_policy=N
     from .decoding.policy import FixedVerifyLength
 
     plain_drafting = DraftingConfig(drafter=False, suffix=True, global_index=False, datastore=False)  # never verified
-    plain = Side("plain", target, drafting=plain_drafting, drafting_state=DraftingState(plain_drafting),
-                 verify_policy=FixedVerifyLength(1), generator=torch.Generator().manual_seed(seed))
-    adaflash = Side("adaflash", target, drafter, drafting_state=drafting_state, verify_policy=verify_policy,
-                    generator=torch.Generator().manual_seed(seed))
+    plain = Side(
+        "plain",
+        target,
+        drafting=plain_drafting,
+        drafting_state=DraftingState(plain_drafting),
+        verify_policy=FixedVerifyLength(1),
+        generator=torch.Generator().manual_seed(seed),
+    )
+    adaflash = Side(
+        "adaflash",
+        target,
+        drafter,
+        drafting_state=drafting_state,
+        verify_policy=verify_policy,
+        generator=torch.Generator().manual_seed(seed),
+    )
     progress = Race(plain, adaflash, spec)
     for side in (plain, adaflash):
         side.advance(spec)

@@ -36,7 +36,7 @@ class IncrementalDetokenizer:
         if not final and (len(text) <= len(head) or text.endswith("\ufffd")):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
-        return text[len(head):]
+        return text[len(head) :]
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)

@@ -21,50 +21,98 @@ API_KEY_ENV = "ADAFLASH_API_KEY"
 
 @dataclass
 class ServeArgs:
-    target: str = field(default=DEFAULT_TARGET, metadata={"help":
-        f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."})
-    drafter: str = field(default="auto", metadata={"help":
-        "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."})
-    host: str = field(default="127.0.0.1", metadata={"help":
-        "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the server to the network (set "
-        "--api-key then)."})
+    target: str = field(
+        default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."}
+    )
+    drafter: str = field(
+        default="auto",
+        metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."},
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the server to the network "
+            "(set --api-key then)."
+        },
+    )
     port: int = field(default=8000, metadata={"help": "TCP port."})
-    api_key: str | None = field(default=None, metadata={"help":
-        f"Key that every /v1/* request must send as 'Authorization: Bearer <key>' (default: ${API_KEY_ENV}, "
-        "else none). /health and /metrics stay open."})
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "Key that every /v1/* request must send as 'Authorization: Bearer <key>' (default: "
+            f"${API_KEY_ENV}, else none). /health and /metrics stay open."
+        },
+    )
     dtype: str = dtype_field()
     max_batch_size: int = field(default=32, metadata={"help": "Most requests decoding at once."})
-    max_queue: int = field(default=256, metadata={"help":
-        "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."})
-    request_timeout: float | None = field(default=None, metadata={"help":
-        "Seconds a request may take (queued and running) when it sends no 'timeout', and the most it may ask "
-        "for; past it the request ends with HTTP 408 and frees its slot (default: no limit)."})
-    drain_timeout: float = field(default=30.0, metadata={"help":
-        "On SIGTERM or SIGINT: seconds the requests in flight may take to finish before they are cancelled "
-        "(new ones get HTTP 503); a second signal exits at once."})
-    verify_len: int | None = field(default=None, metadata={"help":
-        "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most "
-        "expected tokens per second at the current load."})
-    sources: str = field(default="drafter,suffix,global,datastore", metadata={"help":
-        "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, global, "
-        "datastore)."})
-    tree_nodes: int | None = field(default=None, metadata={"help":
-        "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the single "
-        "best candidate; default: the library's (DraftingConfig.tree_nodes)."})
-    length_head: str = field(default="auto", metadata={"help":
-        "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the "
-        "drafter, if any), 'none', a folder or a Hub id."})
-    served_model_name: str | None = field(default=None, metadata={"help":
-        "Model id that clients send and /v1/models lists (default: --target)."})
-    opd: bool = field(default=False, metadata={"help":
-        "On-policy distillation: train LoRA adapters on the drafter from live traffic (on a CPU between "
-        "rounds, under --opd-duty-cycle, and while idle) and swap them in between rounds (status under "
-        "/v1/status)."})
-    opd_publish_dir: str | None = field(default=None, metadata={"help":
-        "With --opd: also write each adapter version to this folder (v000N/ + LATEST) for other engines to "
-        "follow."})
-    opd_duty_cycle: float = field(default=0.25, metadata={"help":
-        "With --opd: share of wall time the trainer may compute; serving keeps the rest."})
+    max_queue: int = field(
+        default=256,
+        metadata={"help": "Most requests waiting; past it, new ones get HTTP 429 with a Retry-After header."},
+    )
+    request_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a request may take (queued and running) when it sends no 'timeout', and the most it may "
+            "ask for; past it the request ends with HTTP 408 and frees its slot (default: no limit)."
+        },
+    )
+    drain_timeout: float = field(
+        default=30.0,
+        metadata={
+            "help": "On SIGTERM or SIGINT: seconds the requests in flight may take to finish before they are cancelled "
+            "(new ones get HTTP 503); a second signal exits at once."
+        },
+    )
+    verify_len: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens the target verifies per round (anchor + drafts); default: chosen per round for the most "
+            "expected tokens per second at the current load."
+        },
+    )
+    sources: str = field(
+        default="drafter,suffix,global,datastore",
+        metadata={
+            "help": "Draft sources the engine may choose from each round (comma-separated subset of drafter, suffix, "
+            "global, datastore)."
+        },
+    )
+    tree_nodes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Most draft tokens a row verifies per round as a draft tree of its candidates; 0 verifies the "
+            "single best candidate; default: the library's (DraftingConfig.tree_nodes)."
+        },
+    )
+    length_head: str = field(
+        default="auto",
+        metadata={
+            "help": "Adaptive length head that informs the verify-length policy: 'auto' (the one bundled beside the "
+            "drafter, if any), 'none', a folder or a Hub id."
+        },
+    )
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "Model id that clients send and /v1/models lists (default: --target)."}
+    )
+    opd: bool = field(
+        default=False,
+        metadata={
+            "help": "On-policy distillation: train LoRA adapters on the drafter from live traffic (on a CPU between "
+            "rounds, under --opd-duty-cycle, and while idle) and swap them in between rounds (status under "
+            "/v1/status)."
+        },
+    )
+    opd_publish_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --opd: also write each adapter version to this folder (v000N/ + LATEST) for other engines to "
+            "follow."
+        },
+    )
+    opd_duty_cycle: float = field(
+        default=0.25,
+        metadata={"help": "With --opd: share of wall time the trainer may compute; serving keeps the rest."},
+    )
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -74,11 +122,14 @@ class ServeArgs:
         elif not self.api_key.strip():
             raise ValueError("--api-key is empty: pass a non-empty key, or omit it to serve without one.")
         if self.request_timeout is not None and not (self.request_timeout > 0 and math.isfinite(self.request_timeout)):
-            raise ValueError(f"--request-timeout {self.request_timeout}: must be a number of seconds > 0 "
-                             "(omit it for no limit).")
+            raise ValueError(
+                f"--request-timeout {self.request_timeout}: must be a number of seconds > 0 (omit it for no limit)."
+            )
         if not (self.drain_timeout >= 0 and math.isfinite(self.drain_timeout)):
-            raise ValueError(f"--drain-timeout {self.drain_timeout}: must be a number of seconds >= 0 "
-                             "(0 cancels the requests in flight at once).")
+            raise ValueError(
+                f"--drain-timeout {self.drain_timeout}: must be a number of seconds >= 0 "
+                "(0 cancels the requests in flight at once)."
+            )
         if self.verify_len is not None and self.verify_len < 1:
             raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (omit it for the adaptive policy).")
         check_choice("--dtype", self.dtype, DTYPES)
@@ -89,8 +140,9 @@ class ServeArgs:
             raise ValueError("--opd-publish-dir and --opd-duty-cycle need --opd.")
 
     def __repr__(self) -> str:  # never print the key
-        fields = ", ".join(f"{name}={'***' if name == 'api_key' and value else value!r}"
-                           for name, value in vars(self).items())
+        fields = ", ".join(
+            f"{name}={'***' if name == 'api_key' and value else value!r}" for name, value in vars(self).items()
+        )
         return f"ServeArgs({fields})"
 
     def drafting(self):
@@ -125,10 +177,22 @@ def build_scheduler(args: ServeArgs):
             raise ValueError("--opd trains the drafter, but --drafter is none: pass a drafter (or 'auto').")
         from .online import AdaFlashOPD, OPDConfig
 
-        opd = AdaFlashOPD(target, drafter, OPDConfig(duty_cycle=args.opd_duty_cycle, publish_dir=args.opd_publish_dir),
-                          base_drafter_name=args.drafter)
-    return Scheduler(target, drafter, tokenizer, config, drafting=drafting, verify_policy=policy,
-                     model_name=args.served_model_name or args.target, opd=opd)
+        opd = AdaFlashOPD(
+            target,
+            drafter,
+            OPDConfig(duty_cycle=args.opd_duty_cycle, publish_dir=args.opd_publish_dir),
+            base_drafter_name=args.drafter,
+        )
+    return Scheduler(
+        target,
+        drafter,
+        tokenizer,
+        config,
+        drafting=drafting,
+        verify_policy=policy,
+        model_name=args.served_model_name or args.target,
+        opd=opd,
+    )
 
 
 def run_serve(args: ServeArgs) -> int:
@@ -136,8 +200,9 @@ def run_serve(args: ServeArgs) -> int:
     try:
         import uvicorn  # noqa: F401
     except ImportError as error:
-        raise SystemExit(f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' "
-                         f"({error}).") from None
+        raise SystemExit(
+            f"error: adaflash serve needs the serve extra: pip install 'adaflash-hf[serve]' ({error})."
+        ) from None
     from .serving.app import create_app
     from .serving.auth import warn_if_exposed
     from .serving.server import serve

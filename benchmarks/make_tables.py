@@ -44,9 +44,11 @@ def load_jsonl(path: str) -> list[dict]:
 
 def provenance_line(path: str, provenance: dict) -> str:
     """The line under a table: what produced ``path``, where and when."""
-    return (f"Produced by `{provenance['command']}` on {provenance['machine']}, "
-            f"code {commit(provenance['code_commit'])}, committed in `{provenance['committed_in']}` "
-            f"on {provenance['date']} (`benchmarks/{path}`).")
+    return (
+        f"Produced by `{provenance['command']}` on {provenance['machine']}, "
+        f"code {commit(provenance['code_commit'])}, committed in `{provenance['committed_in']}` "
+        f"on {provenance['date']} (`benchmarks/{path}`)."
+    )
 
 
 def commit(value: str) -> str:
@@ -76,14 +78,33 @@ def batch1(path: str) -> tuple[list[str], list[str]]:
     rows = []
     for r in bench["results"]:
         ours = r["method"] == "adaflash"
-        sources = ", ".join(f"{name} {v['round_fraction']:.0%} / {v['accepted_per_round']:.2f}"
-                            for name, v in (r.get("sources") or {}).items())
+        sources = ", ".join(
+            f"{name} {v['round_fraction']:.0%} / {v['accepted_per_round']:.2f}"
+            for name, v in (r.get("sources") or {}).items()
+        )
         speedup = f"{r['speedup']:.2f}×"
-        rows.append([r["domain"], f"**{r['method']}**" if ours else r["method"], f"{r['tokens_per_second']:.1f}",
-                     f"{r['mean_accepted_length']:.2f}", fmt(r["accept_rate"], ".2f"),
-                     f"**{speedup}**" if ours else speedup, f"{r['same_as_target']:.2f}", sources])
-    header = ["domain", "method", "tok/s", "τ", "accept rate", "speed-up", "same as target",
-              "rounds by source (share / drafts accepted per round)"]
+        rows.append(
+            [
+                r["domain"],
+                f"**{r['method']}**" if ours else r["method"],
+                f"{r['tokens_per_second']:.1f}",
+                f"{r['mean_accepted_length']:.2f}",
+                fmt(r["accept_rate"], ".2f"),
+                f"**{speedup}**" if ours else speedup,
+                f"{r['same_as_target']:.2f}",
+                sources,
+            ]
+        )
+    header = [
+        "domain",
+        "method",
+        "tok/s",
+        "τ",
+        "accept rate",
+        "speed-up",
+        "same as target",
+        "rounds by source (share / drafts accepted per round)",
+    ]
     return table(header, rows), [path]
 
 
@@ -94,11 +115,30 @@ def serving(path: str) -> tuple[list[str], list[str]]:
     rows = []
     for r in bench["results"]:
         ratio = r["tokens_per_second"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
-        rows.append([str(r["concurrency"]), r["method"], f"{r['tokens_per_second']:.1f}", fmt(ratio, ".2f") + "×",
-                     fmt(r["p50_latency_s"], ".2f"), fmt(r["p99_latency_s"], ".2f"), fmt(r["ttft_p50_s"], ".3f"),
-                     fmt(r["mean_accepted_length"], ".2f"), fmt(r["verified_per_accepted_token"], ".2f")])
-    header = ["concurrency", "method", "tok/s", "vs plain", "p50 latency s", "p99 latency s", "TTFT p50 s", "τ",
-              "verified per accepted token"]
+        rows.append(
+            [
+                str(r["concurrency"]),
+                r["method"],
+                f"{r['tokens_per_second']:.1f}",
+                fmt(ratio, ".2f") + "×",
+                fmt(r["p50_latency_s"], ".2f"),
+                fmt(r["p99_latency_s"], ".2f"),
+                fmt(r["ttft_p50_s"], ".3f"),
+                fmt(r["mean_accepted_length"], ".2f"),
+                fmt(r["verified_per_accepted_token"], ".2f"),
+            ]
+        )
+    header = [
+        "concurrency",
+        "method",
+        "tok/s",
+        "vs plain",
+        "p50 latency s",
+        "p99 latency s",
+        "TTFT p50 s",
+        "τ",
+        "verified per accepted token",
+    ]
     return table(header, rows), [path]
 
 
@@ -106,16 +146,22 @@ def opd(path: str) -> tuple[list[str], list[str]]:
     """`adaflash bench-opd`: τ on the shifted and the trained domains as live requests stream in, and the cost."""
     result = load(path)
     shift = result["shift_domain"]
-    rows = [[str(c["requests"]), f"{c['tau_shift']:.3f}", f"{c['tau_trained']:.3f}", str(c["adapter_version"])]
-            for c in result["curve"]]
+    rows = [
+        [str(c["requests"]), f"{c['tau_shift']:.3f}", f"{c['tau_trained']:.3f}", str(c["adapter_version"])]
+        for c in result["curve"]
+    ]
     rows.append(["change", f"{result['tau_shift_gain']:+.1%}", f"{result['tau_trained_change']:+.1%}", ""])
     lines = table(["live requests with OPD on", f"τ {shift} (shifted)", "τ trained domains", "adapter version"], rows)
     on, off = result["tokens_per_second_opd_on"], result["tokens_per_second_opd_off"]
     status = result.get("opd_status") or {}
     throughput = f"Throughput: {on:.1f} tok/s with OPD on" + (f", {off:.1f} off (on/off {on / off:.2f})" if off else "")
-    training = (f"; {status.get('steps', 0)} training steps in {status.get('train_seconds', 0.0):.1f} s, "
-                f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected "
-                f"({status.get('retention_rejections', 0)} by the retention check)." if status else ".")
+    training = (
+        f"; {status.get('steps', 0)} training steps in {status.get('train_seconds', 0.0):.1f} s, "
+        f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected "
+        f"({status.get('retention_rejections', 0)} by the retention check)."
+        if status
+        else "."
+    )
     return lines + ["", throughput + training], [path]
 
 
@@ -134,17 +180,34 @@ def soak() -> tuple[list[str], list[str]]:
         if not (BENCHMARKS / path).exists():
             continue
         report = load(path)
-        after_warmup = [m["rss_mb"] for m in report["memory"][len(report["memory"]) // 4:]]
+        after_warmup = [m["rss_mb"] for m in report["memory"][len(report["memory"]) // 4 :]]
         allowed = 0.1 * after_warmup[0] + 100  # the bound soak-opd checks
-        faults = ", ".join(f"{f['fault']} {'recovered' if f.get('recovered') else 'NOT recovered'}"
-                           for f in report["faults"])
-        rows.append([label, commit(report["provenance"]["code_commit"]), str(report["requests"]),
-                     f"{len(report['lost'])} / {len(report['duplicated'])} / {len(report['mismatched'])}", faults,
-                     f"{report['rss_growth_after_warmup_mb']:.0f}", f"{allowed:.0f}",
-                     "yes" if report["passed"] else "no"])
+        faults = ", ".join(
+            f"{f['fault']} {'recovered' if f.get('recovered') else 'NOT recovered'}" for f in report["faults"]
+        )
+        rows.append(
+            [
+                label,
+                commit(report["provenance"]["code_commit"]),
+                str(report["requests"]),
+                f"{len(report['lost'])} / {len(report['duplicated'])} / {len(report['mismatched'])}",
+                faults,
+                f"{report['rss_growth_after_warmup_mb']:.0f}",
+                f"{allowed:.0f}",
+                "yes" if report["passed"] else "no",
+            ]
+        )
         paths.append(path)
-    header = ["run", "code", "requests", "lost / duplicated / mismatched", "faults", "RSS growth after warm-up MiB",
-              "allowed MiB", "passed"]
+    header = [
+        "run",
+        "code",
+        "requests",
+        "lost / duplicated / mismatched",
+        "faults",
+        "RSS growth after warm-up MiB",
+        "allowed MiB",
+        "passed",
+    ]
     return table(header, rows), paths
 
 
@@ -153,13 +216,32 @@ def quality(path: str) -> tuple[list[str], list[str]]:
     result = load(path)
     rows = []
     for r in result["results"]:
-        scores = [f"{r['score'][m]:.3f} [{r['score_ci95'][m][0]:.2f}, {r['score_ci95'][m][1]:.2f}]"
-                  for m in ("target", "adaflash")]
+        scores = [
+            f"{r['score'][m]:.3f} [{r['score_ci95'][m][0]:.2f}, {r['score_ci95'][m][1]:.2f}]"
+            for m in ("target", "adaflash")
+        ]
         low, high = r["difference_ci95"]
-        rows.append([r["task"], r["metric"], str(r["problems"]), f"{r['identical_outputs']}/{r['problems']}", *scores,
-                     f"{r['difference']:+.3f} [{low:+.2f}, {high:+.2f}]", f"{r['mcnemar_p']:.3f}"])
-    header = ["task", "metric", "problems", "identical outputs", "target [95% CI]", "adaflash [95% CI]",
-              "adaflash − target [95% CI]", "McNemar p"]
+        rows.append(
+            [
+                r["task"],
+                r["metric"],
+                str(r["problems"]),
+                f"{r['identical_outputs']}/{r['problems']}",
+                *scores,
+                f"{r['difference']:+.3f} [{low:+.2f}, {high:+.2f}]",
+                f"{r['mcnemar_p']:.3f}",
+            ]
+        )
+    header = [
+        "task",
+        "metric",
+        "problems",
+        "identical outputs",
+        "target [95% CI]",
+        "adaflash [95% CI]",
+        "adaflash − target [95% CI]",
+        "McNemar p",
+    ]
     return table(header, rows), [path]
 
 
@@ -184,8 +266,9 @@ def training_scaling() -> tuple[list[str], list[str]]:
             if r["kind"] == "eval":
                 accept = " ".join(f"{a:.2f}" for a in r["position_acceptance"][:4])
                 tokens = nearest(tokens_at, r["step"]) if r["step"] else 0.0
-                rows.append([label, str(r["step"]), f"{r['minutes']:.1f}", f"{tokens / 1e6:.2f}",
-                             f"{r['tau']:.3f}", accept])
+                rows.append(
+                    [label, str(r["step"]), f"{r['minutes']:.1f}", f"{tokens / 1e6:.2f}", f"{r['tau']:.3f}", accept]
+                )
         paths.append(path)
     header = ["run", "step", "minutes", "supervised tokens (M)", "held-out τ", "a_1 … a_4"]
     return table(header, rows), paths
@@ -195,11 +278,27 @@ def profile(path: str) -> tuple[list[str], list[str]]:
     """`adaflash profile`: where one round's time goes, per engine configuration, against a plain step."""
     result = load(path)
     step = result["plain_ms_per_token"]
-    rows = [[name, f"{e['round_ms']:.1f} ms ({e['round_ms'] / step:.2f}×)", f"{e['propose_ms']:.2f} ms",
-             f"{e['verify_ms']:.1f} ms", f"{e['other_ms']:.2f} ms", f"{e['tokens_per_round']:.2f}",
-             f"{e['tokens_per_second'] * step / 1000:.2f}×"] for name, e in result["engine"].items()]
-    header = ["engine configuration", "round", "propose (drafter + look-ups)", "verify + accept",
-              "other (bookkeeping, Python)", "tokens per round", "tok/s vs plain"]
+    rows = [
+        [
+            name,
+            f"{e['round_ms']:.1f} ms ({e['round_ms'] / step:.2f}×)",
+            f"{e['propose_ms']:.2f} ms",
+            f"{e['verify_ms']:.1f} ms",
+            f"{e['other_ms']:.2f} ms",
+            f"{e['tokens_per_round']:.2f}",
+            f"{e['tokens_per_second'] * step / 1000:.2f}×",
+        ]
+        for name, e in result["engine"].items()
+    ]
+    header = [
+        "engine configuration",
+        "round",
+        "propose (drafter + look-ups)",
+        "verify + accept",
+        "other (bookkeeping, Python)",
+        "tokens per round",
+        "tok/s vs plain",
+    ]
     return [f"Plain decoding (transformers `generate`): {step:.1f} ms per token.", ""] + table(header, rows), [path]
 
 
@@ -213,8 +312,10 @@ def verify_cost() -> tuple[list[str], list[str]]:
     """A target forward's cost by new tokens (cache of about 256), in ms and in plain decoding steps."""
     results = [(load(path), name, path) for path, name in VERIFY_COST_MODELS if (BENCHMARKS / path).exists()]
     counts = sorted({int(k) for result, _, _ in results for k in result["forward_ms_by_new_tokens"]})
-    rows = [["plain decoding step"] + [c for result, _, _ in results for c in (f"{result['plain_ms_per_token']:.1f}",
-                                                                                 "1.00")]]
+    rows = [
+        ["plain decoding step"]
+        + [c for result, _, _ in results for c in (f"{result['plain_ms_per_token']:.1f}", "1.00")]
+    ]
     for count in counts:
         row = [f"forward of {count} new token{'s' if count > 1 else ''}"]
         for result, _, _ in results:

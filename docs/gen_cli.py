@@ -30,21 +30,30 @@ Common commands:
 adaflash generate --prompt "Write a haiku about caches." --max-new-tokens 64 --compare-plain
 adaflash generate --target qwen2.5-coder-1.5b --drafter path/to/drafter --temperature 0.7
 adaflash generate --sources suffix,datastore --tree-nodes 0   # some draft sources only, one candidate per round
-adaflash bench --target smollm2-135m --methods target,adaflash,adaflash-drafter,adaflash-suffix,prompt-lookup --json bench.json
+adaflash bench --target smollm2-135m \\
+    --methods target,adaflash,adaflash-drafter,adaflash-suffix,prompt-lookup --json bench.json
 adaflash profile --target smollm2-135m          # where one round's time goes, against a plain decode step
 adaflash generate-data --data-dir data/smollm2-135m  # the target's own responses to training prompts (resumable)
-adaflash prepare-drafter --drafter auto --data-dir data/smollm2-135m --output-dir my-drafter   # draft vocabulary + datastore
+adaflash prepare-drafter --drafter auto --data-dir data/smollm2-135m \\
+    --output-dir my-drafter   # draft vocabulary + datastore
 adaflash serve --port 8000                      # OpenAI-compatible server (continuous batching)
 adaflash bench --concurrency 1,4,8,16,32 --max-new-tokens 64   # served throughput at several loads
-adaflash bench --concurrency 8,16 --repeats 3 --prompts my_prompts.jsonl   # your prompts; 3 interleaved passes per level
+adaflash bench --concurrency 8,16 --repeats 3 \\
+    --prompts my_prompts.jsonl   # your prompts; 3 interleaved passes per level
 ```
 """
 
 
 def _help(*args: str) -> str:
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "PYTHON_COLORS": "0", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-m", "adaflash_hf.cli", *args, "--help"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "adaflash_hf.cli", *args, "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return result.stdout.rstrip() + "\n"
 
 

@@ -30,16 +30,20 @@ def main(argv: list[str] | None = None) -> None:
 
     target, tokenizer = load_target(args.target, dtype=args.dtype)  # sets left padding and a pad token
     drafter = load_drafter(args.drafter, target, target_name=args.target)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-             for q in QUESTIONS]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in QUESTIONS
+    ]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
     out = generate(target, drafter, batch.input_ids, batch.attention_mask, max_new_tokens=args.max_new_tokens)
 
     width = batch.input_ids.shape[1]  # out.sequences: (batch, width + new), the answers right-padded
     for question, row, n in zip(QUESTIONS, out.sequences, out.num_new_tokens):
-        print(f"### {question}\n{tokenizer.decode(row[width: width + n], skip_special_tokens=True)}\n")
-    print(f"tau {out.mean_accepted_length:.2f}, accept rate {out.accept_rate:.2f}, rounds {out.stats.num_rounds}, "
-          f"acceptance of drafts 1-4 {[round(a, 2) for a in out.stats.position_acceptance(4)]}")
+        print(f"### {question}\n{tokenizer.decode(row[width : width + n], skip_special_tokens=True)}\n")
+    print(
+        f"tau {out.mean_accepted_length:.2f}, accept rate {out.accept_rate:.2f}, rounds {out.stats.num_rounds}, "
+        f"acceptance of drafts 1-4 {[round(a, 2) for a in out.stats.position_acceptance(4)]}"
+    )
 
 
 if __name__ == "__main__":

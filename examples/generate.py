@@ -1,4 +1,5 @@
-"""`model.generate(..., assistant_model=drafter)` with an AdaFlash drafter: one `enable_adaflash` call, then stock generate.
+"""`model.generate(..., assistant_model=drafter)` with an AdaFlash drafter: one `enable_adaflash` call, then
+stock generate.
 
     python examples/generate.py
     python examples/generate.py --prompt "Write a haiku about caches." --temperature 0.7
@@ -16,7 +17,7 @@ from adaflash_hf import enable_adaflash, last_generation_stats, load_drafter, lo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m", help="a preset, a local folder, a .gguf file or a Hub id")
     parser.add_argument("--drafter", default="auto", help="'auto' (the target's bundled drafter), a folder or a Hub id")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
@@ -29,16 +30,24 @@ def main(argv: list[str] | None = None) -> None:
     drafter = load_drafter(args.drafter, target, target_name=args.target)
     enable_adaflash(target)  # AdaFlash drafters now take AdaFlash's path; other assistants keep transformers' own
 
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True).to(target.device)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    ).to(target.device)
     sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {"do_sample": False}
-    out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=args.max_new_tokens,
-                          pad_token_id=tokenizer.pad_token_id, **sampling)
-    print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    out = target.generate(
+        **inputs,
+        assistant_model=drafter,
+        max_new_tokens=args.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        **sampling,
+    )
+    print(tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
 
     stats = last_generation_stats(target)
-    sources = ", ".join(f"{source} {rounds} rounds ({accepted} drafts accepted)"
-                        for source, (rounds, accepted) in sorted(stats.source_counts().items()))
+    sources = ", ".join(
+        f"{source} {rounds} rounds ({accepted} drafts accepted)"
+        for source, (rounds, accepted) in sorted(stats.source_counts().items())
+    )
     print(f"\ntau {stats.mean_accepted_length:.2f}, accept rate {stats.accept_rate:.2f}; {sources}")
 
 

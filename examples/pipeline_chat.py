@@ -28,8 +28,13 @@ def main(argv: list[str] | None = None) -> None:
     drafter = load_drafter(args.drafter, target, target_name=args.target)
     enable_adaflash(target)
     chat = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=drafter)
-    chat([{"role": "user", "content": args.question}], max_new_tokens=args.max_new_tokens, do_sample=False,
-         pad_token_id=tokenizer.pad_token_id, streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
+    chat(
+        [{"role": "user", "content": args.question}],
+        max_new_tokens=args.max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
+    )
     print(f"\ntau {last_generation_stats(target).mean_accepted_length:.2f}")
 
 

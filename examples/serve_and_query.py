@@ -26,8 +26,9 @@ from adaflash_hf.serving.server import ServerThread
 
 def describe(metrics: dict) -> str:
     """The response's ``adaflash`` field on one line: tau (mean_accepted_length), rounds, timings in seconds."""
-    return "[adaflash] " + ", ".join(f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
-                                     for key, value in metrics.items())
+    return "[adaflash] " + ", ".join(
+        f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}" for key, value in metrics.items()
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,20 +49,25 @@ def main(argv: list[str] | None = None) -> None:
         print(f"serving {model!r} at {url}/v1")
 
         print("\n## /v1/completions: plain text, continued")
-        reply = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=args.max_tokens, temperature=0)
+        reply = client.completions.create(
+            model=model, prompt="def fibonacci(n):", max_tokens=args.max_tokens, temperature=0
+        )
         print(reply.choices[0].text)
         print(describe(reply.adaflash))
 
         messages = [{"role": "user", "content": args.question}]
         print("\n## /v1/chat/completions")
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_tokens, temperature=0)
+        reply = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=args.max_tokens, temperature=0
+        )
         print(reply.choices[0].message.content)
         print(describe(reply.adaflash))
 
         print("\n## /v1/chat/completions, streamed")
         metrics = None
-        for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_tokens,
-                                                    temperature=0, stream=True):
+        for chunk in client.chat.completions.create(
+            model=model, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True
+        ):
             if chunk.choices and chunk.choices[0].delta.content:
                 print(chunk.choices[0].delta.content, end="", flush=True)
             metrics = chunk.model_extra.get("adaflash", metrics)  # in the last chunk

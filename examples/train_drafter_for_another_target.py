@@ -43,24 +43,39 @@ def main(argv: list[str] | None = None) -> None:
     # 1. Train: the target is loaded once and stays frozen; the result is a drafter folder.
     target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     drafter_dir = train_drafter(config, target, tokenizer)
-    print(f"drafter saved to {drafter_dir} (held-out tau and the run's curves: {drafter_dir}/training_summary.json, "
-          f"{config.output_dir}/curves.png)")
+    print(
+        f"drafter saved to {drafter_dir} (held-out tau and the run's curves: {drafter_dir}/training_summary.json, "
+        f"{config.output_dir}/curves.png)"
+    )
 
     # 2. Load it like any other drafter folder.
     drafter = load_drafter(str(drafter_dir), target)
     shape = drafter.config
-    print(f"drafter: {shape.num_hidden_layers} layer(s), block {shape.block_size}, reads target layers "
-          f"{shape.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f} M parameters")
+    print(
+        f"drafter: {shape.num_hidden_layers} layer(s), block {shape.block_size}, reads target layers "
+        f"{shape.target_layer_ids}, {sum(p.numel() for p in drafter.parameters()) / 1e6:.1f} M parameters"
+    )
 
     # 3. Generate, drafting from the new drafter alone and verifying its whole block, so tau measures it.
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True).to(target.device)
-    out = generate(target, drafter, inputs["input_ids"], inputs["attention_mask"], max_new_tokens=args.max_new_tokens,
-                   drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(), drafting_state=DraftingState())
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    ).to(target.device)
+    out = generate(
+        target,
+        drafter,
+        inputs["input_ids"],
+        inputs["attention_mask"],
+        max_new_tokens=args.max_new_tokens,
+        drafting=DraftingConfig.only("drafter"),
+        verify_policy=FixedVerifyLength(),
+        drafting_state=DraftingState(),
+    )
     prompt_len = inputs["input_ids"].shape[1]
-    print(tokenizer.decode(out.sequences[0, prompt_len: prompt_len + out.num_new_tokens[0]], skip_special_tokens=True))
-    print(f"\ntau {out.mean_accepted_length:.2f} with the new drafter alone; acceptance of drafts 1-4 "
-          f"{[round(a, 2) for a in out.stats.position_acceptance(4)]}")
+    print(tokenizer.decode(out.sequences[0, prompt_len : prompt_len + out.num_new_tokens[0]], skip_special_tokens=True))
+    print(
+        f"\ntau {out.mean_accepted_length:.2f} with the new drafter alone; acceptance of drafts 1-4 "
+        f"{[round(a, 2) for a in out.stats.position_acceptance(4)]}"
+    )
     print(f"use it: adaflash generate --target {config.target} --drafter {drafter_dir}")
 
 

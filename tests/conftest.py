@@ -17,8 +17,18 @@ EOS = 3
 
 def tiny_target(arch: str, seed: int = 0):
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
@@ -44,8 +54,8 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -97,5 +107,8 @@ def drafter_only(verify_len: int | None = None) -> dict:
     """generate() kwargs that isolate the drafter: its block only, a fixed verify length, a fresh state."""
     from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
 
-    return dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(verify_len),
-                drafting_state=DraftingState())
+    return dict(
+        drafting=DraftingConfig.only("drafter"),
+        verify_policy=FixedVerifyLength(verify_len),
+        drafting_state=DraftingState(),
+    )

@@ -10,8 +10,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"<!-- (?:table: ([a-z0-9_]+)|(/table)) -->")
-RESULTS_TABLES = {"batch1_smollm2", "batch1_qwen", "serving_smollm2", "opd_smollm2", "soak_opd", "quality",
-                  "training_scaling", "profile_smollm2", "verify_cost"}
+RESULTS_TABLES = {
+    "batch1_smollm2",
+    "batch1_qwen",
+    "serving_smollm2",
+    "opd_smollm2",
+    "soak_opd",
+    "quality",
+    "training_scaling",
+    "profile_smollm2",
+    "verify_cost",
+}
 
 
 def regions(path: Path) -> list[str]:
@@ -30,7 +39,9 @@ def regions(path: Path) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("page", ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")))])
+@pytest.mark.parametrize(
+    "page", ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")))]
+)
 def test_table_markers_are_well_formed_and_unique_per_page(page):
     names = regions(ROOT / page)
     assert len(names) == len(set(names)), f"{page}: a table region appears twice: {names}"

@@ -1,4 +1,5 @@
-"""The `evaluate` metric in metrics/adaflash_speculative: its identities, and agreement with the library's own counts."""
+"""The `evaluate` metric in metrics/adaflash_speculative: its identities, and agreement with the library's own
+counts."""
 
 from __future__ import annotations
 
@@ -23,14 +24,25 @@ def metric():
 def _inputs(accept_lengths, verify_lens=None, spec_rates=None, plain_rates=None, spec_ids=None, plain_ids=None):
     n = len(accept_lengths)
     ids = [[1, 2, 3]] * n
-    return dict(accept_lengths=accept_lengths, verify_lens=verify_lens or [[8] * len(a) for a in accept_lengths],
-                spec_tokens_per_second=spec_rates or [10.0] * n, plain_tokens_per_second=plain_rates or [10.0] * n,
-                spec_ids=spec_ids or ids, plain_ids=plain_ids or ids)
+    return dict(
+        accept_lengths=accept_lengths,
+        verify_lens=verify_lens or [[8] * len(a) for a in accept_lengths],
+        spec_tokens_per_second=spec_rates or [10.0] * n,
+        plain_tokens_per_second=plain_rates or [10.0] * n,
+        spec_ids=spec_ids or ids,
+        plain_ids=plain_ids or ids,
+    )
 
 
 def test_worked_example_of_the_readme(metric):
-    scores = metric.compute(accept_lengths=[[2, 0, 1]], verify_lens=[[4, 4, 4]], spec_tokens_per_second=[30.0],
-                            plain_tokens_per_second=[20.0], spec_ids=[[5, 6, 7, 8, 9, 10]], plain_ids=[[5, 6, 7, 8, 9, 10]])
+    scores = metric.compute(
+        accept_lengths=[[2, 0, 1]],
+        verify_lens=[[4, 4, 4]],
+        spec_tokens_per_second=[30.0],
+        plain_tokens_per_second=[20.0],
+        spec_ids=[[5, 6, 7, 8, 9, 10]],
+        plain_ids=[[5, 6, 7, 8, 9, 10]],
+    )
     assert scores == pytest.approx({"tau": 2.0, "accept_rate": 1 / 3, "speedup": 1.5, "exact_match": 1.0})
 
 
@@ -56,11 +68,15 @@ def test_exact_match_of_identical_lists_is_one_and_one_token_lowers_it(metric):
 def test_speedup_of_equal_rates_is_one_and_pools_tokens_over_seconds(metric):
     rates = [7.0, 31.0, 12.5]
     ids = [[1] * 10, [2] * 30, [3] * 5]
-    assert metric.compute(**_inputs([[0]] * 3, spec_rates=rates, plain_rates=rates, spec_ids=ids, plain_ids=ids))["speedup"] == pytest.approx(1.0)
+    assert metric.compute(**_inputs([[0]] * 3, spec_rates=rates, plain_rates=rates, spec_ids=ids, plain_ids=ids))[
+        "speedup"
+    ] == pytest.approx(1.0)
     # 10 tokens at 10 tok/s and 30 at 60 tok/s (1.5 s in all) against 40 tokens at 10 tok/s: a pooled 2.67x;
     # the mean of the per-generation ratios would be 3.5x.
     ids = [[1] * 10, [2] * 30]
-    speedup = metric.compute(**_inputs([[0], [0]], spec_rates=[10.0, 60.0], plain_rates=[10.0, 10.0], spec_ids=ids, plain_ids=ids))["speedup"]
+    speedup = metric.compute(
+        **_inputs([[0], [0]], spec_rates=[10.0, 60.0], plain_rates=[10.0, 10.0], spec_ids=ids, plain_ids=ids)
+    )["speedup"]
     assert speedup == pytest.approx((40 / 1.5) / 10)
 
 
@@ -71,8 +87,10 @@ def test_matches_speculative_stats_on_the_same_rounds(metric):
     stats.add_round(RoundStats(rows=[0, 1], accept_lengths=[1, 2], verify_lens=[6, 3], draft_time=0.0, verify_time=0.0))
     stats.add_round(RoundStats(rows=[0], accept_lengths=[7], verify_lens=[8], draft_time=0.0, verify_time=0.0))
     stats.add_round(RoundStats(rows=[0], accept_lengths=[0], verify_lens=[1], draft_time=0.0, verify_time=0.0))
-    per_row = {field: [[x for r in stats.rounds for row, x in zip(r.rows, getattr(r, field)) if row == i] for i in (0, 1)]
-               for field in ("accept_lengths", "verify_lens")}
+    per_row = {
+        field: [[x for r in stats.rounds for row, x in zip(r.rows, getattr(r, field)) if row == i] for i in (0, 1)]
+        for field in ("accept_lengths", "verify_lens")
+    }
     scores = metric.compute(**_inputs(per_row["accept_lengths"], verify_lens=per_row["verify_lens"]))
     assert scores["tau"] == pytest.approx(stats.mean_accepted_length) and scores["tau"] != 1.0
     assert scores["accept_rate"] == pytest.approx(stats.accept_rate)
@@ -85,7 +103,9 @@ def test_inconsistent_rounds_are_refused(metric):
         metric.compute(**_inputs([[1, 1]], verify_lens=[[4]]))
 
 
-@pytest.mark.parametrize("bench_json", ["benchmarks/batch1/smollm2-135m.json", "benchmarks/batch1/qwen2.5-coder-1.5b.json"])
+@pytest.mark.parametrize(
+    "bench_json", ["benchmarks/batch1/smollm2-135m.json", "benchmarks/batch1/qwen2.5-coder-1.5b.json"]
+)
 def test_bench_config_reproduces_the_bench_summary_from_its_records(bench_json):
     bench = json.loads((ROOT / bench_json).read_text())
     metric = evaluate.load(str(METRIC), "bench")
@@ -95,7 +115,9 @@ def test_bench_config_reproduces_the_bench_summary_from_its_records(bench_json):
     for row in rows:
         scores = metric.compute(**columns, spec_method=row["method"])
         assert round(scores["tau"], 3) == row["mean_accepted_length"], row["method"]
-        assert (None if scores["accept_rate"] is None else round(scores["accept_rate"], 4)) == row["accept_rate"], row["method"]
+        assert (None if scores["accept_rate"] is None else round(scores["accept_rate"], 4)) == row["accept_rate"], row[
+            "method"
+        ]
         assert round(scores["speedup"], 3) == row["speedup"], row["method"]
         assert round(scores["exact_match"], 3) == row["same_as_target"], row["method"]
 

@@ -68,13 +68,20 @@ def test_drafter_model_index_holds_the_numbers_of_its_summary_and_bench(name):
     summary = json.loads((BUNDLED_DIR / entry.folder / "training_summary.json").read_text())
     bench = json.loads((ROOT / entry.bench_json).read_text())
     (row,) = [r for r in bench["results"] if r["method"] == "adaflash" and r["domain"] == "all"]
-    assert card.data.base_model == PRESETS[summary["recipe"]["target"]].hub_id == PRESETS[bench["args"]["target"]].hub_id
+    assert (
+        card.data.base_model == PRESETS[summary["recipe"]["target"]].hub_id == PRESETS[bench["args"]["target"]].hub_id
+    )
     teacher_forced = [k for k in _metrics(card) if "teacher-forced" in k[0]]
     benched = [k for k in _metrics(card) if "bench" in k[0]]
     assert len(teacher_forced) + len(benched) == len(card.data.eval_results)  # nothing else is reported
-    assert {k[1]: _metrics(card)[k] for k in teacher_forced} == {"mean_accepted_length": round(summary["held_out_teacher_forced"]["tau"], 4)}
+    assert {k[1]: _metrics(card)[k] for k in teacher_forced} == {
+        "mean_accepted_length": round(summary["held_out_teacher_forced"]["tau"], 4)
+    }
     assert {k[1]: _metrics(card)[k] for k in benched} == {
-        "mean_accepted_length": row["mean_accepted_length"], "accept_rate": row["accept_rate"], "speedup": row["speedup"]}
+        "mean_accepted_length": row["mean_accepted_length"],
+        "accept_rate": row["accept_rate"],
+        "speedup": row["speedup"],
+    }
 
 
 def test_length_head_model_index_holds_the_numbers_of_its_summary():
@@ -84,13 +91,20 @@ def test_length_head_model_index_holds_the_numbers_of_its_summary():
     card = bundled_card(entry, ROOT)
     assert card.data.base_model == PRESETS[summary["recipe"]["target"]].hub_id
     assert {k[1]: v for k, v in _metrics(card).items()} == {
-        "log_loss": round(head["log_loss"], 4), "brier_score": round(head["brier"], 4), "mae": round(head["length_mae"], 4)}
+        "log_loss": round(head["log_loss"], 4),
+        "brier_score": round(head["brier"], 4),
+        "mae": round(head["length_mae"], 4),
+    }
 
 
 def test_adapter_card_is_a_peft_card_on_the_drafter_with_only_measured_results():
     card = adapter_card("someone/smollm2-135m-adaflash", "smollm2-135m", 3, ADAPTER_METRICS)
     assert card.data.base_model == "someone/smollm2-135m-adaflash" and card.data.library_name == "peft"
-    assert {k[1]: v for k, v in _metrics(card).items()} == {"mean_accepted_length": 2.31, "accept_rate": 0.27, "speedup": 1.82}
+    assert {k[1]: v for k, v in _metrics(card).items()} == {
+        "mean_accepted_length": 2.31,
+        "accept_rate": 0.27,
+        "speedup": 1.82,
+    }
     assert "v3" in card.data.model_name and "HuggingFaceTB/SmolLM2-135M-Instruct" in card.text
     assert "- steps: 400" in card.text and "- loss: 0.71" in card.text  # training metrics: in the text only
 
@@ -114,10 +128,17 @@ def test_drafter_card_carries_metadata_results_and_command(tmp_path):
     from dataclasses import asdict
 
     recipe = asdict(TrainDrafterConfig(output_dir="runs/x", block_size=8, num_anchors=128))
-    summary = {"recipe": recipe, "data_sizes": {"corpus_tokens": 1000}, "steps": 10, "supervised_tokens_seen": 5,
-               "wall_minutes": 3.0, "data_minutes": 1.0, "train_minutes": 2.0,
-               "held_out_teacher_forced": {"tau": 1.8, "position_acceptance": [0.5, 0.3]},
-               "engine_check": {"tau": 1.7, "spec_tokens_per_s": 30.0, "plain_tokens_per_s": 20.0}}
+    summary = {
+        "recipe": recipe,
+        "data_sizes": {"corpus_tokens": 1000},
+        "steps": 10,
+        "supervised_tokens_seen": 5,
+        "wall_minutes": 3.0,
+        "data_minutes": 1.0,
+        "train_minutes": 2.0,
+        "held_out_teacher_forced": {"tau": 1.8, "position_acceptance": [0.5, 0.3]},
+        "engine_check": {"tau": 1.7, "spec_tokens_per_s": 30.0, "plain_tokens_per_s": 20.0},
+    }
     folder = _drafter_folder(tmp_path, summary)
     card = ModelCard.load(write_model_card(folder))
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.library_name == "transformers"

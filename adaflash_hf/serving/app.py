@@ -28,8 +28,9 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
-def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = None,
-               request_timeout: float | None = None):
+def create_app(
+    scheduler, manage_scheduler: bool = True, api_key: str | None = None, request_timeout: float | None = None
+):
     """A FastAPI app serving ``scheduler``. With ``manage_scheduler`` its lifespan starts the engine in a
     background thread and stops it; without, whoever made the app runs the engine (``scheduler.run()``).
 
@@ -81,8 +82,11 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
     app = FastAPI(title="adaflash", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
     app.state.metrics = metrics
     if api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key,
-                           on_reject=lambda path: metrics.count_rejection(401) if path in GENERATION_PATHS else None)
+        app.add_middleware(
+            APIKeyMiddleware,
+            api_key=api_key,
+            on_reject=lambda path: metrics.count_rejection(401) if path in GENERATION_PATHS else None,
+        )
 
     # -- errors: always OpenAI's shape ------------------------------------------------------------
     def error_response(request, error: RequestError) -> JSONResponse:
@@ -104,31 +108,56 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
 
     @app.exception_handler(Exception)
     async def _internal_error(request, error: Exception):  # logged with its traceback by Starlette
-        return error_response(request, RequestError(500, f"internal error: {type(error).__name__}: {error}",
-                                                    type="server_error"))
+        return error_response(
+            request, RequestError(500, f"internal error: {type(error).__name__}: {error}", type="server_error")
+        )
 
     # -- shared request handling --------------------------------------------------------------------
     def submit(body, prompt_ids: list[int], default_max_tokens: int | None) -> Generation:
         if body.model != scheduler.model_name:
-            raise RequestError(404, f"The model {body.model!r} does not exist: this server serves "
-                                    f"{scheduler.model_name!r} (GET /v1/models).", param="model", code="model_not_found")
+            raise RequestError(
+                404,
+                f"The model {body.model!r} does not exist: this server serves "
+                f"{scheduler.model_name!r} (GET /v1/models).",
+                param="model",
+                code="model_not_found",
+            )
         room = scheduler.max_context - len(prompt_ids)
         if room < 1:
-            raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens, which leaves no room in this model's "
-                                    f"context of {scheduler.max_context} tokens: shorten the prompt.",
-                               code="context_length_exceeded")
+            raise RequestError(
+                400,
+                f"the prompt has {len(prompt_ids)} tokens, which leaves no room in this model's "
+                f"context of {scheduler.max_context} tokens: shorten the prompt.",
+                code="context_length_exceeded",
+            )
         max_new_tokens = body.requested_max_tokens or min(default_max_tokens or room, room)
         timeout = min((t for t in (body.timeout, request_timeout) if t is not None), default=None)
         try:
-            params = RequestParams(max_new_tokens=max_new_tokens, temperature=body.temperature, top_p=body.top_p,
-                                   top_k=body.top_k, seed=body.seed, timeout=timeout)
+            params = RequestParams(
+                max_new_tokens=max_new_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                timeout=timeout,
+            )
             stream = scheduler.submit(prompt_ids, params)
         except ShuttingDown as error:
-            raise RequestError(503, str(error), type="server_error", code="shutting_down",
-                               headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))}) from None
+            raise RequestError(
+                503,
+                str(error),
+                type="server_error",
+                code="shutting_down",
+                headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))},
+            ) from None
         except QueueFull as error:
-            raise RequestError(429, str(error), type="rate_limit_error", code="queue_full",
-                               headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))}) from None
+            raise RequestError(
+                429,
+                str(error),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))},
+            ) from None
         except ValueError as error:
             raise RequestError(400, str(error)) from None
         return Generation(stream, tokenizer, len(prompt_ids), body.stop_strings, metrics)
@@ -141,8 +170,9 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
         return f"data: {json.dumps(error.body())}\n\n"
 
     def event_stream(chunks: AsyncIterator[str]) -> StreamingResponse:
-        return StreamingResponse(chunks, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     # -- endpoints ----------------------------------------------------------------------------------
     @app.get("/health")
@@ -150,13 +180,24 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
         """200 while the engine takes requests; 503 while it starts up (profiling costs), drains or after it
         stopped, so that a load balancer or an orchestrator's readiness probe waits for it or moves on."""
         if scheduler.draining:
-            return JSONResponse({"status": "draining", "detail": "the server is shutting down: it finishes the "
-                                 "requests it took and admits no new one"}, status_code=503,
-                                headers={"Retry-After": "5"})
+            return JSONResponse(
+                {
+                    "status": "draining",
+                    "detail": "the server is shutting down: it finishes the requests it took and admits no new one",
+                },
+                status_code=503,
+                headers={"Retry-After": "5"},
+            )
         if scheduler.ready:
             return {"status": "ok"}
-        return JSONResponse({"status": "unavailable", "detail": "the engine is not taking requests yet (starting up) or any more "
-                             "(stopped); retry shortly"}, status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse(
+            {
+                "status": "unavailable",
+                "detail": "the engine is not taking requests yet (starting up) or any more (stopped); retry shortly",
+            },
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics():
@@ -170,7 +211,9 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=scheduler.model_name, created=started, max_model_len=scheduler.max_context)])
+        return ModelList(
+            data=[ModelCard(id=scheduler.model_name, created=started, max_model_len=scheduler.max_context)]
+        )
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> CompletionResponse:
@@ -185,8 +228,14 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
         rid, created = f"cmpl-{generation.stream.request_id}", int(time.time())
 
         def chunk(text: str, finish_reason=None, adaflash=None, usage=None, choices=True) -> CompletionResponse:
-            return CompletionResponse(id=rid, created=created, model=scheduler.model_name, usage=usage, adaflash=adaflash,
-                                      choices=[CompletionChoice(text=text, finish_reason=finish_reason)] if choices else [])
+            return CompletionResponse(
+                id=rid,
+                created=created,
+                model=scheduler.model_name,
+                usage=usage,
+                adaflash=adaflash,
+                choices=[CompletionChoice(text=text, finish_reason=finish_reason)] if choices else [],
+            )
 
         if not body.stream:
             text = await generation.text(request)
@@ -213,20 +262,28 @@ def create_app(scheduler, manage_scheduler: bool = True, api_key: str | None = N
         except ValueError as error:  # no chat template: use /v1/completions
             raise RequestError(400, f"{error} Use /v1/completions for plain text.", param="messages") from None
         except TemplateError as error:
-            raise RequestError(400, f"the model's chat template rejected these messages: {error}", param="messages") from None
+            raise RequestError(
+                400, f"the model's chat template rejected these messages: {error}", param="messages"
+            ) from None
         generation = submit(body, prompt_ids, None)
         rid, created = f"chatcmpl-{generation.stream.request_id}", int(time.time())
 
         if not body.stream:
             text = await generation.text(request)
             return ChatCompletionResponse(
-                id=rid, created=created, model=scheduler.model_name, usage=generation.usage, adaflash=generation.metrics,
-                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=generation.finish_reason)])
+                id=rid,
+                created=created,
+                model=scheduler.model_name,
+                usage=generation.usage,
+                adaflash=generation.metrics,
+                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=generation.finish_reason)],
+            )
 
         def chunk(delta: DeltaMessage | None, finish_reason=None, adaflash=None, usage=None) -> ChatCompletionChunk:
             choices = [] if delta is None else [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
-            return ChatCompletionChunk(id=rid, created=created, model=scheduler.model_name, choices=choices,
-                                       usage=usage, adaflash=adaflash)
+            return ChatCompletionChunk(
+                id=rid, created=created, model=scheduler.model_name, choices=choices, usage=usage, adaflash=adaflash
+            )
 
         async def chunks() -> AsyncIterator[str]:
             try:

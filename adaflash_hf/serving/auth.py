@@ -45,15 +45,31 @@ class APIKeyMiddleware:
             return await self.app(scope, receive, send)
         if self.on_reject is not None:
             self.on_reject(scope["path"])
-        message = ("Missing API key: send it as 'Authorization: Bearer <key>' (the key this server was started "
-                   "with, --api-key or ADAFLASH_API_KEY).") if header is None else (
-                   "Incorrect API key provided: send 'Authorization: Bearer <key>' with the key this server was "
-                   "started with.")
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": "invalid_api_key"}}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+        message = (
+            (
+                "Missing API key: send it as 'Authorization: Bearer <key>' (the key this server was started "
+                "with, --api-key or ADAFLASH_API_KEY)."
+            )
+            if header is None
+            else (
+                "Incorrect API key provided: send 'Authorization: Bearer <key>' with the key this server was "
+                "started with."
+            )
+        )
+        body = json.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -71,7 +87,10 @@ def warn_if_exposed(host: str, api_key: str | None) -> bool:
     """Log a warning (and return True) when ``host`` is reachable from other machines and no key is set."""
     if api_key or is_loopback(host):
         return False
-    logger.warning("serving on %s WITHOUT an API key: anyone who can reach this address can use the model. "
-                   "Start with --api-key (or set ADAFLASH_API_KEY), or bind 127.0.0.1 behind a proxy that "
-                   "authenticates.", host)
+    logger.warning(
+        "serving on %s WITHOUT an API key: anyone who can reach this address can use the model. "
+        "Start with --api-key (or set ADAFLASH_API_KEY), or bind 127.0.0.1 behind a proxy that "
+        "authenticates.",
+        host,
+    )
     return True

@@ -32,8 +32,15 @@ class RequestError(Exception):
     ``counted``: the request's outcome is already in the metrics (a `Generation` counted it).
     """
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
         self.headers = headers
@@ -48,8 +55,9 @@ def validation_error(errors) -> RequestError:
     first = errors[0]
     loc = [part for part in first["loc"] if part != "body"]
     if first["type"] == "json_invalid":
-        return RequestError(400, f"the request body is not valid JSON: {first['ctx']['error']} (at character "
-                                 f"{loc[0] if loc else 0}).")
+        return RequestError(
+            400, f"the request body is not valid JSON: {first['ctx']['error']} (at character {loc[0] if loc else 0})."
+        )
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or None
     if first["type"] == "extra_forbidden":
         return RequestError(400, f"Unrecognized request argument supplied: {param}", param=param)
@@ -80,8 +88,11 @@ class Generation:
 
     @property
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
 
     async def deltas(self) -> AsyncIterator[str]:
         """Text pieces; raises `RequestError` when the engine fails, drops the request or its deadline passes.
@@ -114,7 +125,7 @@ class Generation:
                         yield text
                     return
                 keep = partial_stop_length(text, self.stop)
-                held, text = text[len(text) - keep:], text[:len(text) - keep]
+                held, text = text[len(text) - keep :], text[: len(text) - keep]
                 if text:
                     yield text
             outcome = "error"
@@ -132,11 +143,18 @@ class Generation:
             return RequestError(500, f"generation failed: {event.error}", type="server_error")
         if event.finish_reason == "timeout":
             timeout = self.stream.params.timeout
-            return RequestError(408, f"the request passed its deadline of {timeout:g} s after {self.completion_tokens} "
-                                     "tokens and was stopped: raise 'timeout' (or the server's --request-timeout) or "
-                                     "lower max_tokens.", param="timeout", code="request_timeout", type="timeout_error")
-        return RequestError(503, "the server cancelled this request (it is shutting down); retry later.",
-                            type="server_error")
+            return RequestError(
+                408,
+                f"the request passed its deadline of {timeout:g} s after {self.completion_tokens} "
+                "tokens and was stopped: raise 'timeout' (or the server's --request-timeout) or "
+                "lower max_tokens.",
+                param="timeout",
+                code="request_timeout",
+                type="timeout_error",
+            )
+        return RequestError(
+            503, "the server cancelled this request (it is shutting down); retry later.", type="server_error"
+        )
 
     def _count(self, token_ids: list[int]) -> None:
         self.completion_tokens += len(token_ids)

@@ -42,20 +42,38 @@ LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method s
 class ConcurrencyBenchArgs:
     target: str = target_field("smollm2-135m")
     drafter: str = drafter_field()
-    concurrency: str = field(default="1,4,8,16,32", metadata={"help": "Comma-separated numbers of requests kept in flight."})
-    methods: str = field(default="plain,adaflash@16,adaflash@4,adaflash",
-                         metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."})
-    requests: int = field(default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 16)."})
-    repeats: int = field(default=1, metadata={"help": "Measured passes per method and level, the methods interleaved in each "
-                                                      "(throughput: all passes' tokens over their time; latencies pooled)."})
+    concurrency: str = field(
+        default="1,4,8,16,32", metadata={"help": "Comma-separated numbers of requests kept in flight."}
+    )
+    methods: str = field(
+        default="plain,adaflash@16,adaflash@4,adaflash",
+        metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."},
+    )
+    requests: int = field(
+        default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 16)."}
+    )
+    repeats: int = field(
+        default=1,
+        metadata={
+            "help": "Measured passes per method and level, the methods interleaved in each "
+            "(throughput: all passes' tokens over their time; latencies pooled)."
+        },
+    )
     max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
     domains: str = domains_field("code,math,chat,news")
-    prompts: str = field(default="eval", metadata={"help": "'eval' (the preset's held-out prompts of --domains) or a JSONL file "
-                                                           "of {prompt, domain} lines (at least 5 prompts)."})
+    prompts: str = field(
+        default="eval",
+        metadata={
+            "help": "'eval' (the preset's held-out prompts of --domains) or a JSONL file "
+            "of {prompt, domain} lines (at least 5 prompts)."
+        },
+    )
     dtype: str = dtype_field()
     num_threads: int | None = num_threads_field()
     json: str = json_field("bench_concurrency.json")
-    plot: str = field(default="bench_concurrency.png", metadata={"help": "Throughput against concurrency plot ('' to skip)."})
+    plot: str = field(
+        default="bench_concurrency.png", metadata={"help": "Throughput against concurrency plot ('' to skip)."}
+    )
 
     def __post_init__(self):
         levels = self.levels
@@ -63,14 +81,20 @@ class ConcurrencyBenchArgs:
             raise ValueError(f"--concurrency {self.concurrency!r}: give positive integers, e.g. 1,4,8,16,32.")
         for method in self.method_list:
             base, _, n = method.partition("@")
-            if base not in METHODS or (n and (base != "adaflash" or not n.isdigit() or int(n) < 1)) or (base == "plain" and n):
+            if (
+                base not in METHODS
+                or (n and (base != "adaflash" or not n.isdigit() or int(n) < 1))
+                or (base == "plain" and n)
+            ):
                 raise ValueError(f"method {method!r}: choose from plain, adaflash, adaflash@N (N >= 1).")
         if self.requests < 0 or self.max_new_tokens < 1 or self.repeats < 1:
             raise ValueError("--requests must be >= 0, --max-new-tokens >= 1 and --repeats >= 1.")
         check_choice("--dtype", self.dtype, DTYPES)
         if self.prompts != "eval" and not Path(self.prompts).is_file():
-            raise FileNotFoundError(f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
-                                    "or a JSONL file of {prompt, domain} lines.")
+            raise FileNotFoundError(
+                f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
+                "or a JSONL file of {prompt, domain} lines."
+            )
 
     @property
     def levels(self) -> list[int]:
@@ -95,12 +119,22 @@ def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int,
     base, _, n = method.partition("@")
     if base == "plain":
         drafting = DraftingConfig(drafter=False, global_index=False, datastore=False)
-        return Scheduler(target, None, tokenizer, config, drafting=drafting, drafting_state=DraftingState(drafting),
-                         verify_policy=FixedVerifyLength(1), model_name=method)
+        return Scheduler(
+            target,
+            None,
+            tokenizer,
+            config,
+            drafting=drafting,
+            drafting_state=DraftingState(drafting),
+            verify_policy=FixedVerifyLength(1),
+            model_name=method,
+        )
     from ..policies import adaptive_policy
 
     policy = FixedVerifyLength(int(n)) if n else adaptive_policy(drafter, "auto", target_name)
-    return Scheduler(target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method)
+    return Scheduler(
+        target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method
+    )
 
 
 def peak_rss_mb() -> float:
@@ -120,8 +154,14 @@ REQUEST_FIELDS = ("latency_s", "ttft_s", "queue_wait_s", "tokens", "rounds", "me
 
 async def stream_request(client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
     """One streaming chat request; returns its latency, time to first token, tokens and server metrics."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     ttft, tokens, extra, reason = None, 0, {}, None
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
@@ -138,12 +178,20 @@ async def stream_request(client, url: str, model: str, prompt: str, max_tokens: 
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             extra = chunk.get("adaflash") or extra
-    return {"latency_s": time.perf_counter() - start, "ttft_s": ttft, "tokens": tokens, "finish_reason": reason,
-            "queue_wait_s": extra.get("queue_wait_s"), "rounds": extra.get("rounds"),
-            "mean_accepted_length": extra.get("mean_accepted_length")}
+    return {
+        "latency_s": time.perf_counter() - start,
+        "ttft_s": ttft,
+        "tokens": tokens,
+        "finish_reason": reason,
+        "queue_wait_s": extra.get("queue_wait_s"),
+        "rounds": extra.get("rounds"),
+        "mean_accepted_length": extra.get("mean_accepted_length"),
+    }
 
 
-async def drive(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> tuple[list[dict], float, float]:
+async def drive(
+    url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int
+) -> tuple[list[dict], float, float]:
     """Keep ``concurrency`` requests in flight until every prompt is answered; (records, seconds, peak RSS MB)."""
     import httpx
 
@@ -181,7 +229,9 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[k]
 
 
-def summarise(method: str, concurrency: int, records: list[dict], seconds: float, peak: float, before: dict, after: dict) -> dict:
+def summarise(
+    method: str, concurrency: int, records: list[dict], seconds: float, peak: float, before: dict, after: dict
+) -> dict:
     delta = {k: after["counters"][k] - before["counters"].get(k, 0) for k in after["counters"]}
     tokens = sum(r["tokens"] for r in records)
     return {
@@ -196,7 +246,9 @@ def summarise(method: str, concurrency: int, records: list[dict], seconds: float
         "ttft_p50_s": percentile([r["ttft_s"] for r in records], 50),
         "queue_wait_p50_s": percentile([r["queue_wait_s"] for r in records], 50),
         "mean_accepted_length": delta["round_tokens"] / delta["row_rounds"] if delta["row_rounds"] else None,
-        "verified_per_accepted_token": delta["verified_tokens"] / delta["round_tokens"] if delta["round_tokens"] else None,
+        "verified_per_accepted_token": delta["verified_tokens"] / delta["round_tokens"]
+        if delta["round_tokens"]
+        else None,
         "rounds": delta["rounds"],
         "peak_rss_mb": peak,
     }
@@ -246,8 +298,10 @@ def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
     groups = list(by_domain.values())
     mixed = [group[i] for i in range(max(map(len, groups), default=0)) for group in groups if i < len(group)]
     if len(mixed) < 5:
-        raise ValueError(f"the concurrency benchmark needs at least 5 prompts (4 warm it up), got {len(mixed)}"
-                         + (f" in {args.prompts}." if args.prompts != "eval" else "."))
+        raise ValueError(
+            f"the concurrency benchmark needs at least 5 prompts (4 warm it up), got {len(mixed)}"
+            + (f" in {args.prompts}." if args.prompts != "eval" else ".")
+        )
     return mixed
 
 
@@ -268,8 +322,11 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     levels, methods = args.levels, args.method_list
     schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels), args.target) for m in methods}
     results = []
-    print(f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
-          f"{torch.get_num_threads()} threads; levels {levels}; methods {methods}", file=sys.stderr)
+    print(
+        f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
+        f"{torch.get_num_threads()} threads; levels {levels}; methods {methods}",
+        file=sys.stderr,
+    )
     servers = {}
     try:
         for method, scheduler in schedulers.items():  # the engines run one at a time, in this thread (serve_while)
@@ -284,36 +341,65 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             offset += count
             for method in methods:  # unmeasured: one-off costs of this batch size (kernel set-up for new shapes, the
                 # guard's first rounds at it) do not land in a level of 16-64 requests, as they would not in a server
-                serve_while(schedulers[method], drive, urls[method], method, prompts[:concurrency], concurrency, LEVEL_WARMUP_TOKENS)
+                serve_while(
+                    schedulers[method],
+                    drive,
+                    urls[method],
+                    method,
+                    prompts[:concurrency],
+                    concurrency,
+                    LEVEL_WARMUP_TOKENS,
+                )
             passes: dict[str, list] = {m: [] for m in methods}
             for repeat in range(args.repeats):
                 for scheduler in schedulers.values():  # no pass reuses the warm-up's or an earlier pass's outputs
                     scheduler.drafting_state.forget_requests()
                 turn = level + repeat
-                for method in methods[turn % len(methods):] + methods[: turn % len(methods)]:  # rotated: no method always first
+                for method in (
+                    methods[turn % len(methods) :] + methods[: turn % len(methods)]
+                ):  # rotated: no method always first
                     before = schedulers[method].status()
-                    records, seconds, peak = serve_while(schedulers[method], drive, urls[method], method, prompts,
-                                                           concurrency, args.max_new_tokens)
+                    records, seconds, peak = serve_while(
+                        schedulers[method], drive, urls[method], method, prompts, concurrency, args.max_new_tokens
+                    )
                     passes[method].append((records, seconds, peak, before, schedulers[method].status()))
                     one = summarise(method, concurrency, records, seconds, peak, before, passes[method][-1][-1])
-                    print(f"[bench] c={concurrency:<3} {method:<12} {one['tokens_per_second']:7.1f} tok/s  p50 {one['p50_latency_s']:.2f}s "
-                          f"p99 {one['p99_latency_s']:.2f}s  tau {one['mean_accepted_length'] or 0:.2f}"
-                          + (f"  (pass {repeat + 1}/{args.repeats})" if args.repeats > 1 else ""), file=sys.stderr)
+                    print(
+                        f"[bench] c={concurrency:<3} {method:<12} {one['tokens_per_second']:7.1f} tok/s  p50 "
+                        f"{one['p50_latency_s']:.2f}s p99 {one['p99_latency_s']:.2f}s  tau "
+                        f"{one['mean_accepted_length'] or 0:.2f}"
+                        + (f"  (pass {repeat + 1}/{args.repeats})" if args.repeats > 1 else ""),
+                        file=sys.stderr,
+                    )
             for method in methods:
                 runs = passes[method]
-                row = summarise(method, concurrency, [r for run in runs for r in run[0]], sum(run[1] for run in runs),
-                                max(run[2] for run in runs), runs[0][3], runs[-1][4])
+                row = summarise(
+                    method,
+                    concurrency,
+                    [r for run in runs for r in run[0]],
+                    sum(run[1] for run in runs),
+                    max(run[2] for run in runs),
+                    runs[0][3],
+                    runs[-1][4],
+                )
                 row["repeats"] = len(runs)
                 row["tokens_per_second_passes"] = [sum(r["tokens"] for r in run[0]) / run[1] for run in runs]
-                row["requests"] = [{"pass": i, **{k: r[k] for k in REQUEST_FIELDS}} for i, run in enumerate(runs) for r in run[0]]
+                row["requests"] = [
+                    {"pass": i, **{k: r[k] for k in REQUEST_FIELDS}} for i, run in enumerate(runs) for r in run[0]
+                ]
                 results.append(row)
     finally:
         for server in servers.values():
             server.__exit__()
     results.sort(key=lambda r: (levels.index(r["concurrency"]), methods.index(r["method"])))
     print_table(results)
-    payload = {"args": asdict(args), "code": code_provenance(), "num_threads": torch.get_num_threads(),
-               "machine": machine_summary(), "results": results}
+    payload = {
+        "args": asdict(args),
+        "code": code_provenance(),
+        "num_threads": torch.get_num_threads(),
+        "machine": machine_summary(),
+        "results": results,
+    }
     with open(args.json, "w") as f:
         json.dump(payload, f, indent=2)
     print(f"[bench] wrote {args.json}", file=sys.stderr)
@@ -336,7 +422,10 @@ def machine_summary() -> str:
 
 def print_table(results: list[dict]) -> None:
     plain = {r["concurrency"]: r["tokens_per_second"] for r in results if r["method"] == "plain"}
-    header = f"{'conc':>4} {'method':<12} {'tok/s':>8} {'vs plain':>8} {'p50 s':>7} {'p99 s':>7} {'ttft p50':>8} {'queue p50':>9} {'tau':>5} {'verif/tok':>9} {'RSS MB':>7}"
+    header = (
+        f"{'conc':>4} {'method':<12} {'tok/s':>8} {'vs plain':>8} {'p50 s':>7} {'p99 s':>7} {'ttft p50':>8} "
+        f"{'queue p50':>9} {'tau':>5} {'verif/tok':>9} {'RSS MB':>7}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -345,10 +434,12 @@ def print_table(results: list[dict]) -> None:
         def fmt(value, spec):
             return format(value, spec) if value is not None else "-"
 
-        print(f"{r['concurrency']:>4} {r['method']:<12} {r['tokens_per_second']:>8.1f} {fmt(ratio, '>7.2f')}x "
-              f"{fmt(r['p50_latency_s'], '>7.2f')} {fmt(r['p99_latency_s'], '>7.2f')} {fmt(r['ttft_p50_s'], '>8.3f')} "
-              f"{fmt(r['queue_wait_p50_s'], '>9.3f')} {fmt(r['mean_accepted_length'], '>5.2f')} "
-              f"{fmt(r['verified_per_accepted_token'], '>9.2f')} {r['peak_rss_mb']:>7.0f}")
+        print(
+            f"{r['concurrency']:>4} {r['method']:<12} {r['tokens_per_second']:>8.1f} {fmt(ratio, '>7.2f')}x "
+            f"{fmt(r['p50_latency_s'], '>7.2f')} {fmt(r['p99_latency_s'], '>7.2f')} {fmt(r['ttft_p50_s'], '>8.3f')} "
+            f"{fmt(r['queue_wait_p50_s'], '>9.3f')} {fmt(r['mean_accepted_length'], '>5.2f')} "
+            f"{fmt(r['verified_per_accepted_token'], '>9.2f')} {r['peak_rss_mb']:>7.0f}"
+        )
 
 
 def plot_throughput(results: list[dict], path: str) -> None:

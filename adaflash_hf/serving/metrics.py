@@ -31,7 +31,8 @@ ACCEPTED_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)  # draft tokens accep
 def outcome_of_status(status: int) -> str:
     """The outcome label of a request answered with HTTP ``status`` before it generated anything."""
     return {401: "unauthorized", 408: "timeout", 429: "rate_limited", 503: "unavailable"}.get(
-        status, "error" if status >= 500 else "rejected")
+        status, "error" if status >= 500 else "rejected"
+    )
 
 
 class ServingMetrics:
@@ -41,20 +42,38 @@ class ServingMetrics:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = CollectorRegistry()
-        self.requests = Counter("adaflash_requests", "Generation requests (/v1/completions, /v1/chat/completions) "
-                                "by outcome.", ["outcome"], registry=self.registry)
+        self.requests = Counter(
+            "adaflash_requests",
+            "Generation requests (/v1/completions, /v1/chat/completions) by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
         for outcome in OUTCOMES:  # every series exists from the first scrape, at 0
             self.requests.labels(outcome)
-        self.prompt_tokens = Counter("adaflash_prompt_tokens", "Prompt tokens of admitted requests.",
-                                     registry=self.registry)
-        self.generated_tokens = Counter("adaflash_generation_tokens", "Tokens generated and sent to clients.",
-                                        registry=self.registry)
-        self.latency = Histogram("adaflash_request_latency_seconds", "Seconds from submission to the last token "
-                                 "(or the error) of a request.", buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.ttft = Histogram("adaflash_time_to_first_token_seconds", "Seconds from submission to a request's "
-                              "first token.", buckets=TTFT_BUCKETS, registry=self.registry)
-        self.tpot = Histogram("adaflash_time_per_output_token_seconds", "Seconds per output token after the first, "
-                              "per request.", buckets=TPOT_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter(
+            "adaflash_prompt_tokens", "Prompt tokens of admitted requests.", registry=self.registry
+        )
+        self.generated_tokens = Counter(
+            "adaflash_generation_tokens", "Tokens generated and sent to clients.", registry=self.registry
+        )
+        self.latency = Histogram(
+            "adaflash_request_latency_seconds",
+            "Seconds from submission to the last token (or the error) of a request.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "adaflash_time_to_first_token_seconds",
+            "Seconds from submission to a request's first token.",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "adaflash_time_per_output_token_seconds",
+            "Seconds per output token after the first, per request.",
+            buckets=TPOT_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(SchedulerCollector(scheduler))
 
     def count_rejection(self, status: int) -> None:
@@ -85,19 +104,30 @@ class SchedulerCollector:
         stats = self.scheduler.round_stats()
         yield GaugeMetricFamily("adaflash_requests_running", "Requests in the running batch.", value=status["active"])
         yield GaugeMetricFamily("adaflash_requests_waiting", "Requests queued for admission.", value=status["queued"])
-        yield GaugeMetricFamily("adaflash_batch_size", "Rows the last round verified (0 once the engine idles).",
-                                value=stats["batch_size"])
+        yield GaugeMetricFamily(
+            "adaflash_batch_size", "Rows the last round verified (0 once the engine idles).", value=stats["batch_size"]
+        )
         accepted = {tokens - 1: rows for tokens, rows in stats["round_tokens"].items()}
-        buckets = [(floatToGoString(le), sum(rows for a, rows in accepted.items() if a <= le))
-                   for le in ACCEPTED_BUCKETS]
+        buckets = [
+            (floatToGoString(le), sum(rows for a, rows in accepted.items() if a <= le)) for le in ACCEPTED_BUCKETS
+        ]
         yield HistogramMetricFamily(
-            "adaflash_accepted_tokens_per_round", "Draft tokens one row accepted in one round (the target's own "
+            "adaflash_accepted_tokens_per_round",
+            "Draft tokens one row accepted in one round (the target's own "
             "token not counted: tokens per round = this + 1).",
-            buckets=buckets + [("+Inf", sum(accepted.values()))], sum_value=sum(a * n for a, n in accepted.items()))
-        proposed = CounterMetricFamily("adaflash_draft_tokens_proposed", "Draft tokens verified, by source and "
-                                       "position (1: the draft after the anchor).", labels=["source", "position"])
-        taken = CounterMetricFamily("adaflash_draft_tokens_accepted", "Draft tokens accepted, by source and position.",
-                                    labels=["source", "position"])
+            buckets=buckets + [("+Inf", sum(accepted.values()))],
+            sum_value=sum(a * n for a, n in accepted.items()),
+        )
+        proposed = CounterMetricFamily(
+            "adaflash_draft_tokens_proposed",
+            "Draft tokens verified, by source and position (1: the draft after the anchor).",
+            labels=["source", "position"],
+        )
+        taken = CounterMetricFamily(
+            "adaflash_draft_tokens_accepted",
+            "Draft tokens accepted, by source and position.",
+            labels=["source", "position"],
+        )
         for (source, position), (n_proposed, n_accepted) in sorted(stats["drafts"].items()):
             proposed.add_metric([source, str(position)], n_proposed)
             taken.add_metric([source, str(position)], n_accepted)
@@ -105,9 +135,13 @@ class SchedulerCollector:
         yield taken
         opd = status.get("opd")
         if opd is not None:
-            yield GaugeMetricFamily("adaflash_opd_adapter_version", "Adapter version the serving drafter uses "
-                                    "(0: the base drafter).", value=opd["adapter_version"])
-            state = GaugeMetricFamily("adaflash_opd_trainer_state", "1 for the OPD trainer's current state.",
-                                      labels=["state"])
+            yield GaugeMetricFamily(
+                "adaflash_opd_adapter_version",
+                "Adapter version the serving drafter uses (0: the base drafter).",
+                value=opd["adapter_version"],
+            )
+            state = GaugeMetricFamily(
+                "adaflash_opd_trainer_state", "1 for the OPD trainer's current state.", labels=["state"]
+            )
             state.add_metric([opd["state"]], 1)
             yield state

@@ -46,14 +46,18 @@ class _SamplingRequest(_Strict):
     @classmethod
     def _one_choice(cls, n: int) -> int:
         if n != 1:
-            raise ValueError(f"n={n} is not supported: this server returns one choice per request; send {n} requests instead.")
+            raise ValueError(
+                f"n={n} is not supported: this server returns one choice per request; send {n} requests instead."
+            )
         return n
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, penalty: float, info) -> float:
         if penalty != 0:
-            raise ValueError(f"{info.field_name} is not supported by this server (decoding is lossless); omit it or send 0.")
+            raise ValueError(
+                f"{info.field_name} is not supported by this server (decoding is lossless); omit it or send 0."
+            )
         return penalty
 
     @field_validator("stop", mode="before")

@@ -24,9 +24,24 @@ class SchedulerConfig:
     max_batch_size: int = field(default=32, metadata={"help": "Most requests decoding at once."})
     max_queue: int = field(default=256, metadata={"help": "Most requests waiting; past it, new ones get HTTP 429."})
     max_prefill_tokens: int = field(default=4096, metadata={"help": "Most prompt tokens admitted between two rounds."})
-    adaptive_admission: bool = field(default=True, metadata={"help": "Cap the prompt tokens prefilled between two rounds at what the measured cost says takes prefill_rounds decode rounds (at least one request joins per round), so running requests keep streaming while new ones join."})
-    prefill_rounds: float = field(default=4.0, metadata={"help": "With adaptive admission: decode rounds' worth of time one admission may take."})
-    calibrate: bool = field(default=True, metadata={"help": "Time target forwards of 1 to max_batch_size x (block + 1) tokens at start-up, so verify lengths and admission know this machine's costs from the first request."})
+    adaptive_admission: bool = field(
+        default=True,
+        metadata={
+            "help": "Cap the prompt tokens prefilled between two rounds at what the measured cost says takes "
+            "prefill_rounds decode rounds (at least one request joins per round), so running requests keep streaming "
+            "while new ones join."
+        },
+    )
+    prefill_rounds: float = field(
+        default=4.0, metadata={"help": "With adaptive admission: decode rounds' worth of time one admission may take."}
+    )
+    calibrate: bool = field(
+        default=True,
+        metadata={
+            "help": "Time target forwards of 1 to max_batch_size x (block + 1) tokens at start-up, so verify lengths "
+            "and admission know this machine's costs from the first request."
+        },
+    )
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_queue", "max_prefill_tokens"):
@@ -62,8 +77,12 @@ class RequestParams:
     def sampling(self) -> SamplingParams:
         if self.temperature == 0:
             return SamplingParams()
-        return SamplingParams(do_sample=True, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p if self.top_p is not None and self.top_p < 1 else None)
+        return SamplingParams(
+            do_sample=True,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p if self.top_p is not None and self.top_p < 1 else None,
+        )
 
 
 @dataclass

@@ -63,12 +63,25 @@ class Scheduler:
             ``max_position_embeddings``).
     """
 
-    def __init__(self, target, drafter, tokenizer, config: SchedulerConfig | None = None, *,
-                 drafting: DraftingConfig | None = None, drafting_state: DraftingState | None = None,
-                 verify_policy=None, model_name: str = "adaflash", max_context: int | None = None,
-                 generator: torch.Generator | None = None, opd=None):
+    def __init__(
+        self,
+        target,
+        drafter,
+        tokenizer,
+        config: SchedulerConfig | None = None,
+        *,
+        drafting: DraftingConfig | None = None,
+        drafting_state: DraftingState | None = None,
+        verify_policy=None,
+        model_name: str = "adaflash",
+        max_context: int | None = None,
+        generator: torch.Generator | None = None,
+        opd=None,
+    ):
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
-        self.opd = opd  # an AdaFlashOPD: records rounds and swaps adapters between them; started and stopped with the engine
+        self.opd = (
+            opd  # an AdaFlashOPD: records rounds and swaps adapters between them; started and stopped with the engine
+        )
         self.config = config or SchedulerConfig()
         self.model_name = model_name
         self.max_context = max_context or int(getattr(target.config, "max_position_embeddings", 0) or 2048)
@@ -76,9 +89,16 @@ class Scheduler:
         eos = target.generation_config.eos_token_id
         self.default_stop_ids = frozenset() if eos is None else frozenset(torch.tensor(eos).flatten().tolist())
         self.drafting_state = drafting_state or DraftingState(drafting)
-        self.batch = SpeculativeBatch(target, drafter, drafting=drafting, drafting_state=self.drafting_state,
-                                      verify_policy=verify_policy, generator=generator, on_round=self._on_round,
-                                      observer=None if opd is None else opd.observer)
+        self.batch = SpeculativeBatch(
+            target,
+            drafter,
+            drafting=drafting,
+            drafting_state=self.drafting_state,
+            verify_policy=verify_policy,
+            generator=generator,
+            on_round=self._on_round,
+            observer=None if opd is None else opd.observer,
+        )
         self._lock = threading.Condition()
         self._queue: deque[RequestStream] = deque()
         self._cancelled: set[str] = set()
@@ -91,9 +111,20 @@ class Scheduler:
         self._calibrated = False
         self._heap = HeapTrimmer()  # finished rows leave freed cache pages that glibc would keep (adaflash_hf.heap)
         self._trimmed_at_finished = 0
-        self.counters = {"submitted": 0, "finished": 0, "cancelled": 0, "errors": 0, "timeouts": 0,
-                         "rejected_queue_full": 0, "rejected_shutting_down": 0, "rounds": 0, "row_rounds": 0,
-                         "generated_tokens": 0, "round_tokens": 0, "verified_tokens": 0}
+        self.counters = {
+            "submitted": 0,
+            "finished": 0,
+            "cancelled": 0,
+            "errors": 0,
+            "timeouts": 0,
+            "rejected_queue_full": 0,
+            "rejected_shutting_down": 0,
+            "rounds": 0,
+            "row_rounds": 0,
+            "generated_tokens": 0,
+            "round_tokens": 0,
+            "verified_tokens": 0,
+        }
         self.source_counts: dict[str, int] = {}
         self.round_tokens_counts: dict[int, int] = {}  # tokens one row gained in one round -> row-rounds
         self.draft_counts: dict[tuple[str, int], list[int]] = {}  # (source, position) -> [proposed, accepted]
@@ -154,15 +185,30 @@ class Scheduler:
             return
         self._calibrated = True
         longest = (self.drafter.config.block_size if self.drafter is not None else 16) + 1  # anchor + a whole proposal
-        counts = [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max(self.config.max_batch_size * longest, 16)]
+        counts = [
+            n
+            for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+            if n <= max(self.config.max_batch_size * longest, 16)
+        ]
         try:
             start = time.perf_counter()
             self.drafting_state.cost_model.calibrate(self.target, counts)
-            rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [self.config.max_batch_size]
-            widths = tuple(w for w in (1, 2, 3, 5, 9, 17) if w <= longest) if wants_drafts(self.batch.policy, 2) else (1,)
-            self.drafting_state.cost_model.calibrate_rows(self.target, sorted(set(r for r in rows if r > 1)), widths=widths)
-            logger.info("verify cost profiled for %s tokens and %s rows x %s tokens in %.1fs", counts, rows, widths,
-                        time.perf_counter() - start)
+            rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [
+                self.config.max_batch_size
+            ]
+            widths = (
+                tuple(w for w in (1, 2, 3, 5, 9, 17) if w <= longest) if wants_drafts(self.batch.policy, 2) else (1,)
+            )
+            self.drafting_state.cost_model.calibrate_rows(
+                self.target, sorted(set(r for r in rows if r > 1)), widths=widths
+            )
+            logger.info(
+                "verify cost profiled for %s tokens and %s rows x %s tokens in %.1fs",
+                counts,
+                rows,
+                widths,
+                time.perf_counter() - start,
+            )
         except Exception:  # a failed profile only costs the policy its head start
             logger.exception("verify cost profile failed; the policy will learn costs as rounds run")
 
@@ -189,8 +235,12 @@ class Scheduler:
         flags and wakes the engine."""
         with self._lock:
             if not self._draining:
-                logger.info("draining: %d running and %d queued requests may finish within %.0f s",
-                            len(self._active), len(self._queue), timeout)
+                logger.info(
+                    "draining: %d running and %d queued requests may finish within %.0f s",
+                    len(self._active),
+                    len(self._queue),
+                    timeout,
+                )
             self._draining = True
             self._drain_deadline = time.monotonic() + timeout
             self._lock.notify_all()
@@ -208,18 +258,24 @@ class Scheduler:
         if len(prompt_ids) + params.max_new_tokens > self.max_context:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens and asks for {params.max_new_tokens} more, past this model's "
-                f"context of {self.max_context} tokens: shorten the prompt or lower max_tokens.")
+                f"context of {self.max_context} tokens: shorten the prompt or lower max_tokens."
+            )
         if not self._running:
             raise RuntimeError("the scheduler is not running: call start() or run() first.")
         with self._lock:
             if self._draining:
                 self.counters["rejected_shutting_down"] += 1
-                raise ShuttingDown("the server is shutting down and takes no new requests; retry on another "
-                                   "replica or once it is back.", retry_after=5.0)
+                raise ShuttingDown(
+                    "the server is shutting down and takes no new requests; retry on another "
+                    "replica or once it is back.",
+                    retry_after=5.0,
+                )
             if len(self._queue) >= self.config.max_queue:
                 self.counters["rejected_queue_full"] += 1
-                raise QueueFull(f"the queue is full ({self.config.max_queue} requests waiting); retry later.",
-                                retry_after=self._retry_after())
+                raise QueueFull(
+                    f"the queue is full ({self.config.max_queue} requests waiting); retry later.",
+                    retry_after=self._retry_after(),
+                )
             stream = RequestStream(self, f"req-{next(self._ids)}", prompt_ids, params, loop)
             self._queue.append(stream)
             self.counters["submitted"] += 1
@@ -248,8 +304,11 @@ class Scheduler:
         """Bounded round statistics for metrics: rows in the last round, row-rounds by tokens gained, and
         drafts proposed and accepted by (source, position); position 1 is the draft after the anchor."""
         with self._lock:
-            return {"batch_size": self.batch_size, "round_tokens": dict(self.round_tokens_counts),
-                    "drafts": {key: tuple(value) for key, value in self.draft_counts.items()}}
+            return {
+                "batch_size": self.batch_size,
+                "round_tokens": dict(self.round_tokens_counts),
+                "drafts": {key: tuple(value) for key, value in self.draft_counts.items()},
+            }
 
     def _cancel(self, stream: RequestStream) -> None:
         with self._lock:
@@ -300,8 +359,11 @@ class Scheduler:
                     self.batch_size = 0
                     self._lock.wait()
                 if self._draining and time.monotonic() >= self._drain_deadline:
-                    logger.warning("drain deadline passed: cancelling %d running and %d queued requests",
-                                   len(self._active), len(self._queue))
+                    logger.warning(
+                        "drain deadline passed: cancelling %d running and %d queued requests",
+                        len(self._active),
+                        len(self._queue),
+                    )
                     self._running = False
                 if not self._running:
                     break
@@ -321,13 +383,25 @@ class Scheduler:
                 self._drop(cancelled)
                 self._drop(expired, "timeout")
                 if admitted:
-                    self._deliver(self.batch.add_rows([
-                        RowSpec(s.request_id, s.prompt_ids, s.params.max_new_tokens, s.params.sampling(),
-                                frozenset(s.params.stop_token_ids) or self.default_stop_ids) for s in admitted]))
+                    self._deliver(
+                        self.batch.add_rows(
+                            [
+                                RowSpec(
+                                    s.request_id,
+                                    s.prompt_ids,
+                                    s.params.max_new_tokens,
+                                    s.params.sampling(),
+                                    frozenset(s.params.stop_token_ids) or self.default_stop_ids,
+                                )
+                                for s in admitted
+                            ]
+                        )
+                    )
                 if len(self.batch):
                     self._deliver(self.batch.step())
                     if self.opd is not None:
-                        self.opd.check_health()  # restarts a dead trainer (bounded; a thread liveness check); serving never waits on it
+                        # restarts a dead trainer (bounded; a thread liveness check); serving never waits on it
+                        self.opd.check_health()
                 ended = sum(self.counters[key] for key in ("finished", "cancelled", "errors", "timeouts"))
                 if ended != self._trimmed_at_finished and self._heap.maybe_trim():
                     self._trimmed_at_finished = ended
@@ -403,8 +477,9 @@ class Scheduler:
             stream = self._active.pop(request_id, None)
             if stream is None:
                 return
-            key = {"cancelled": "cancelled", "error": "errors", "timeout": "timeouts"}.get(event.finish_reason,
-                                                                                          "finished")
+            key = {"cancelled": "cancelled", "error": "errors", "timeout": "timeouts"}.get(
+                event.finish_reason, "finished"
+            )
             self.counters[key] += 1
         stream._push(event)
         latency = stream.done_at - stream.submitted
@@ -427,8 +502,9 @@ class Scheduler:
         c["rounds"] += 1
         self.batch_size = len(stats.rows)
         checked = stats.checked or [verified - 1 for verified in stats.verify_lens]
-        for row, accepted, verified, source, drafts in zip(stats.rows, stats.accept_lengths, stats.verify_lens,
-                                                            stats.sources, checked):
+        for row, accepted, verified, source, drafts in zip(
+            stats.rows, stats.accept_lengths, stats.verify_lens, stats.sources, checked
+        ):
             c["row_rounds"] += 1
             c["round_tokens"] += accepted + 1
             c["verified_tokens"] += verified

@@ -28,8 +28,9 @@ class ServerThread:
         import uvicorn
 
         self.host = host
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                                    timeout_graceful_shutdown=UVICORN_SHUTDOWN_S))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=UVICORN_SHUTDOWN_S)
+        )
         self.thread = threading.Thread(target=self.server.run, name="adaflash-http", daemon=True)
         self.port: int | None = None
 
@@ -66,8 +67,11 @@ class DrainOnSignal:
             logger.warning("%s again: exiting now, without finishing the requests in flight", name)
             self.exit_now(128 + signum)
             return
-        logger.info("%s: stopping; finishing the requests in flight (up to %g s; send it again to exit at once)",
-                    name, self.drain_timeout)
+        logger.info(
+            "%s: stopping; finishing the requests in flight (up to %g s; send it again to exit at once)",
+            name,
+            self.drain_timeout,
+        )
         self.scheduler.drain(self.drain_timeout)
 
     def install(self) -> None:

@@ -48,7 +48,9 @@ def block_position_ids(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return (anchors[:, :, None] + offsets).flatten(1)  # (b, A, B) -> (b, A * B)
 
 
-def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
+def block_input_ids(
+    input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int
+) -> torch.Tensor:
     """(b, L) tokens, (b, A) anchors -> (b, A * B) block tokens ``[token at a_j, MASK x (B - 1)]``."""
     b, num_anchors = anchors.shape
     blocks = torch.full((b, num_anchors, block_size), mask_token_id, dtype=input_ids.dtype, device=input_ids.device)

@@ -27,17 +27,42 @@ from ..cli_args import (
 class GenerateDataConfig:
     """``adaflash generate-data``: the target's own greedy responses to training prompts, cached for training."""
 
-    data_dir: str = field(metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."})
+    data_dir: str = field(
+        metadata={"help": "Data folder shared with train-drafter (--data-dir); responses go to DATA_DIR/train."}
+    )
     target: str = target_field("smollm2-135m")
     target_dtype: str = dtype_field()
-    drafter: str = drafter_field("none", "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens")
-    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."})
-    prompts: str | None = field(default=None, metadata={"help": "A JSONL file of your own prompts ({\"prompt\": ..., \"domain\": ...} per line, e.g. logged traffic) to answer instead of the training prompts of --train-domains; their responses join the datastore that prepare-drafter builds from DATA_DIR/train."})
-    prompts_per_domain: int = field(default=10_000, metadata={"help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value finds the same cache); with --prompts, at most this many of the file's prompts per domain."})
+    drafter: str = drafter_field(
+        "none",
+        "'none': transformers' batched generate (fastest on CPU at batch >= 4, measured); 'auto' or a folder: "
+        "adaflash-hf's batched engine with that drafter. Both give the target's greedy tokens",
+    )
+    train_domains: list[str] = field(
+        default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training prompts."}
+    )
+    prompts: str | None = field(
+        default=None,
+        metadata={
+            "help": 'A JSONL file of your own prompts ({"prompt": ..., "domain": ...} per line, e.g. logged traffic) '
+            "to answer instead of the training prompts of --train-domains; their responses join the datastore that "
+            "prepare-drafter builds from DATA_DIR/train."
+        },
+    )
+    prompts_per_domain: int = field(
+        default=10_000,
+        metadata={
+            "help": "Training prompts per domain (train-drafter's --self-gen-prompts-per-domain; the same value "
+            "finds the same cache); with --prompts, at most this many of the file's prompts per domain."
+        },
+    )
     seed: int = seed_field("the prompt order (train-drafter's --seed)")
-    max_new_tokens: int = field(default=256, metadata={"help": "Response length (train-drafter's --gen-max-new-tokens)."})
+    max_new_tokens: int = field(
+        default=256, metadata={"help": "Response length (train-drafter's --gen-max-new-tokens)."}
+    )
     batch_size: int = field(default=16, metadata={"help": "Prompts decoded together."})
-    max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
+    max_minutes: float | None = field(
+        default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."}
+    )
     num_threads: int | None = num_threads_field()
 
     def __post_init__(self) -> None:
@@ -53,28 +78,72 @@ class GenerateDataConfig:
 
 @dataclass
 class PrepareDrafterConfig:
-    """``adaflash prepare-drafter``: attach a draft vocabulary and a datastore, both from the target's own outputs, to a drafter."""
+    """``adaflash prepare-drafter``: attach a draft vocabulary and a datastore, both from the target's own outputs,
+    to a drafter."""
 
-    drafter: str = field(metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."})
+    drafter: str = field(
+        metadata={"help": "Drafter folder (or 'auto' with --target, the bundled one) to attach the vocabulary to."}
+    )
     output_dir: str = field(metadata={"help": "Where to write the drafter with its draft vocabulary."})
-    data_dir: str | None = field(default=None, metadata={"help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come from DATA_DIR/train, coverage from DATA_DIR/eval when present."})
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come "
+            "from DATA_DIR/train, coverage from DATA_DIR/eval when present."
+        },
+    )
     target: str = target_field("smollm2-135m", "for 'auto' and the special tokens")
-    size: int | None = field(default=None, metadata={"help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out responses)."})
+    size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Draft vocabulary size (default: the smallest tried size reaching --min-coverage on held-out "
+            "responses)."
+        },
+    )
     min_coverage: float = field(default=0.99, metadata={"help": "Held-out coverage the automatic size must reach."})
-    datastore: bool = field(default=True, metadata={"help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."})
-    corpus_tokens: int = field(default=0, metadata={"help": "Also count the target's greedy predictions on this many tokens of training corpus text (one forward per 512-token window: far cheaper than generating; every tenth window held out)."})
-    keep_vocab: bool = field(default=False, metadata={"help": "Keep the drafter's own draft vocabulary (only add the datastore and, with --acceptance-prompts, the acceptance prior); its coverage is still reported."})
-    acceptance_prompts: int = field(default=0, metadata={"help": "Also write acceptance_prior.json: run the engine (greedy) on this many of the last cached training prompts, with a datastore that leaves their responses out, and keep the acceptance rates it learned, so a fresh process starts calibrated (needs --data-dir; about 3 s per prompt for SmolLM2 on 2 CPU cores)."})
+    datastore: bool = field(
+        default=True,
+        metadata={
+            "help": "Also write datastore.safetensors: every cached response, for the engine's datastore source."
+        },
+    )
+    corpus_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Also count the target's greedy predictions on this many tokens of training corpus text (one "
+            "forward per 512-token window: far cheaper than generating; every tenth window held out)."
+        },
+    )
+    keep_vocab: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the drafter's own draft vocabulary (only add the datastore and, with --acceptance-prompts, "
+            "the acceptance prior); its coverage is still reported."
+        },
+    )
+    acceptance_prompts: int = field(
+        default=0,
+        metadata={
+            "help": "Also write acceptance_prior.json: run the engine (greedy) on this many of the last cached "
+            "training prompts, with a datastore that leaves their responses out, and keep the acceptance rates it "
+            "learned, so a fresh process starts calibrated (needs --data-dir; about 3 s per prompt for SmolLM2 on 2 "
+            "CPU cores)."
+        },
+    )
     acceptance_tokens: int = field(default=96, metadata={"help": "New tokens per --acceptance-prompts prompt."})
 
     def __post_init__(self) -> None:
         if self.acceptance_prompts < 0 or self.acceptance_tokens < 1:
-            raise ValueError(f"acceptance_prompts must be >= 0 and acceptance_tokens >= 1, got {self.acceptance_prompts} "
-                             f"and {self.acceptance_tokens}.")
+            raise ValueError(
+                f"acceptance_prompts must be >= 0 and acceptance_tokens >= 1, got {self.acceptance_prompts} "
+                f"and {self.acceptance_tokens}."
+            )
         if self.acceptance_prompts and self.data_dir is None:
             raise ValueError("acceptance_prompts needs data_dir: the prompts come from the cached training responses.")
         if self.keep_vocab and self.size is not None:
-            raise ValueError("keep_vocab keeps the drafter's draft vocabulary: drop size, or drop keep_vocab to choose a new one.")
+            raise ValueError(
+                "keep_vocab keeps the drafter's draft vocabulary: drop size, or drop keep_vocab to choose a new one."
+            )
         if self.size is not None and self.size < 1:
             raise ValueError(f"size must be >= 1 or unset, got {self.size}.")
         if self.corpus_tokens < 0:
@@ -82,23 +151,43 @@ class PrepareDrafterConfig:
         if not 0 < self.min_coverage <= 1:
             raise ValueError(f"min_coverage must be in (0, 1], got {self.min_coverage}.")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise FileNotFoundError(f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
-                                    f"--data-dir {self.data_dir}`.")
+            raise FileNotFoundError(
+                f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
+                f"--data-dir {self.data_dir}`."
+            )
         if self.data_dir is None and not self.corpus_tokens:
-            raise ValueError("nothing to count: give data_dir (cached responses from adaflash generate-data) or corpus_tokens > 0.")
+            raise ValueError(
+                "nothing to count: give data_dir (cached responses from adaflash generate-data) or corpus_tokens > 0."
+            )
 
 
 @dataclass
 class CacheFeaturesConfig:
-    """``adaflash cache-features``: run the target once over the cached responses and keep the drafter's context on disk."""
+    """``adaflash cache-features``: run the target once over the cached responses and keep the drafter's context
+    on disk."""
 
-    data_dir: str = field(metadata={"help": "Data folder of adaflash generate-data: every response under DATA_DIR/train is used."})
-    target: str = field(default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."})
+    data_dir: str = field(
+        metadata={"help": "Data folder of adaflash generate-data: every response under DATA_DIR/train is used."}
+    )
+    target: str = field(
+        default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."}
+    )
     target_dtype: str = dtype_field("the target")
-    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "Target layers to keep (default: the five train-drafter reads when none are given)."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Where the features go (default: <adaflash cache>/features/<target>-L<layer ids>, outside the repository)."})
+    target_layer_ids: list[int] | None = field(
+        default=None,
+        metadata={"help": "Target layers to keep (default: the five train-drafter reads when none are given)."},
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where the features go (default: <adaflash cache>/features/<target>-L<layer ids>, outside the "
+            "repository)."
+        },
+    )
     batch_size: int = field(default=8, metadata={"help": "Sequences per target forward."})
-    max_minutes: float | None = field(default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."})
+    max_minutes: float | None = field(
+        default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."}
+    )
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
 
     def __post_init__(self) -> None:
@@ -107,8 +196,10 @@ class CacheFeaturesConfig:
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
         if not Path(self.data_dir).is_dir():
-            raise FileNotFoundError(f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
-                                    f"--data-dir {self.data_dir}`.")
+            raise FileNotFoundError(
+                f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
+                f"--data-dir {self.data_dir}`."
+            )
         check_choice("target_dtype", self.target_dtype, DTYPES)
 
 
@@ -123,48 +214,153 @@ class TrainDrafterConfig:
     target: str = target_field("smollm2-135m")
     target_dtype: str = dtype_field("the frozen target")
     num_layers: int = field(default=1, metadata={"help": "Number of draft layers."})
-    intermediate_size: int | None = field(default=None, metadata={"help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."})
+    intermediate_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "MLP width of the draft layers (default: the target's; smaller keeps big-target drafters small)."
+        },
+    )
     block_size: int = field(default=8, metadata={"help": "Tokens per draft block (anchor + block_size - 1 masks)."})
-    target_layer_ids: list[int] | None = field(default=None, metadata={"help": f"Target layers read as context (default: {CONTEXT_LAYERS} layers spread from the first to the fourth-last, DFlash's choice for a {CONTEXT_LAYERS}-layer drafter, also for fewer draft layers)."})
-    mask_token_id: int | None = field(default=None, metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."})
-    gamma: float | None = field(default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."})
-    loss_positions: int | None = field(default=None, metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."})
-    distill_weight: float = field(default=0.0, metadata={"help": "Weight of KL(p_target || p_draft) added to the CE on the target's argmax (0: CE only)."})
-    consistent_labels: bool = field(default=True, metadata={"help": "For teacher-forced text, drop block positions whose text prefix differs from the target's greedy tokens."})
+    target_layer_ids: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": f"Target layers read as context (default: {CONTEXT_LAYERS} layers spread from the first to the "
+            f"fourth-last, DFlash's choice for a {CONTEXT_LAYERS}-layer drafter, also for fewer draft layers)."
+        },
+    )
+    mask_token_id: int | None = field(
+        default=None,
+        metadata={"help": "Vocabulary row used as MASK (default: an unused special token of the tokenizer)."},
+    )
+    gamma: float | None = field(
+        default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."}
+    )
+    loss_positions: int | None = field(
+        default=None,
+        metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."},
+    )
+    distill_weight: float = field(
+        default=0.0,
+        metadata={"help": "Weight of KL(p_target || p_draft) added to the CE on the target's argmax (0: CE only)."},
+    )
+    consistent_labels: bool = field(
+        default=True,
+        metadata={
+            "help": "For teacher-forced text, drop block positions whose text prefix differs from the target's "
+            "greedy tokens."
+        },
+    )
     num_anchors: int = field(default=64, metadata={"help": "Anchors (blocks) sampled per sequence per step."})
     seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
     batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch."})
     grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
-    steps_per_forward: int = field(default=1, metadata={"help": "Micro-batches drawn from one target forward, each with fresh anchors (>1 amortises an expensive target)."})
+    steps_per_forward: int = field(
+        default=1,
+        metadata={
+            "help": "Micro-batches drawn from one target forward, each with fresh anchors (>1 amortises an expensive "
+            "target)."
+        },
+    )
     lr: float = field(default=6e-4, metadata={"help": "Peak AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_steps: int = field(default=20, metadata={"help": "Linear warmup steps; cosine decay to 10% follows."})
     max_steps: int = field(default=1000, metadata={"help": "Optimizer steps (the run also stops at max_minutes)."})
-    max_minutes: float | None = field(default=None, metadata={"help": "Wall-clock budget of the training loop; the cosine follows whichever budget is nearer its end."})
+    max_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Wall-clock budget of the training loop; the cosine follows whichever budget is nearer its end."
+        },
+    )
     eval_every: int = field(default=100, metadata={"help": "Steps between held-out evaluations."})
-    checkpoint_every: int = field(default=100, metadata={"help": "Steps between checkpoints (the latest two are kept)."})
+    checkpoint_every: int = field(
+        default=100, metadata={"help": "Steps between checkpoints (the latest two are kept)."}
+    )
     seed: int = seed_field("initialisation, data order and anchors")
-    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of training prompts and corpus text."})
-    corpus_fraction: float = field(default=0.8, metadata={"help": "Fraction of micro-batches from teacher-forced corpus text; the rest are self-generated responses."})
-    corpus_limit_per_domain: int | None = field(default=None, metadata={"help": "Cap on corpus text chunks per domain (None: all)."})
-    self_gen_prompts_per_domain: int = field(default=64, metadata={"help": "Training prompts per domain answered by the target (self-distillation)."})
+    train_domains: list[str] = field(
+        default_factory=lambda: ["code", "math", "chat"],
+        metadata={"help": "Domains of training prompts and corpus text."},
+    )
+    corpus_fraction: float = field(
+        default=0.8,
+        metadata={
+            "help": "Fraction of micro-batches from teacher-forced corpus text; the rest are self-generated responses."
+        },
+    )
+    corpus_limit_per_domain: int | None = field(
+        default=None, metadata={"help": "Cap on corpus text chunks per domain (None: all)."}
+    )
+    self_gen_prompts_per_domain: int = field(
+        default=64, metadata={"help": "Training prompts per domain answered by the target (self-distillation)."}
+    )
     eval_prompts_per_domain: int = field(default=16, metadata={"help": "Held-out prompts per domain for evaluation."})
     gen_max_new_tokens: int = field(default=192, metadata={"help": "Response length of self-generated sequences."})
     gen_batch_size: int = field(default=16, metadata={"help": "Batch size of self-generation."})
-    eval_anchors: int = field(default=64, metadata={"help": "Anchors per held-out sequence in the teacher-forced evaluation."})
-    engine_eval_prompts: int = field(default=6, metadata={"help": "Held-out prompts decoded with the real engine at the end (0: skip)."})
-    data_dir: str | None = field(default=None, metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."})
+    eval_anchors: int = field(
+        default=64, metadata={"help": "Anchors per held-out sequence in the teacher-forced evaluation."}
+    )
+    engine_eval_prompts: int = field(
+        default=6, metadata={"help": "Held-out prompts decoded with the real engine at the end (0: skip)."}
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={"help": "Cache of self-generated sequences, shareable between runs (default: output_dir/data)."},
+    )
     num_threads: int | None = num_threads_field("; on shared CPUs, 1 avoids oversubscription stalls")
-    resume: bool = field(default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."})
-    init_from: str | None = field(default=None, metadata={"help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes precedence."})
-    self_gen_cached_only: bool = field(default=False, metadata={"help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), generating none."})
-    draft_vocab_size: int | None = field(default=None, metadata={"help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the self-generated responses (default: keep the init drafter's, else the full vocabulary)."})
-    feature_cache: str | None = field(default=None, metadata={"help": "A cache of target features (adaflash cache-features): self-generated batches read their context and labels from it, so a step runs only the drafter."})
-    init_layers: str = field(default="random", metadata={"help": "How fresh draft layers start: 'random', or 'target' (copies of the target's layers above the deepest context layer, the context projection passing that layer through)."})
+    resume: bool = field(
+        default=True, metadata={"help": "Resume from the latest checkpoint in output_dir when one exists."}
+    )
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "Start from this drafter's weights and architecture ('auto': the bundled drafter of --target; or "
+            "a folder / Hub id), so training compute adds up across runs. A checkpoint in output_dir still takes "
+            "precedence."
+        },
+    )
+    self_gen_cached_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), "
+            "generating none."
+        },
+    )
+    draft_vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train (and ship) with a reduced draft vocabulary of the N most frequent tokens of the "
+            "self-generated responses (default: keep the init drafter's, else the full vocabulary)."
+        },
+    )
+    feature_cache: str | None = field(
+        default=None,
+        metadata={
+            "help": "A cache of target features (adaflash cache-features): self-generated batches read their context "
+            "and labels from it, so a step runs only the drafter."
+        },
+    )
+    init_layers: str = field(
+        default="random",
+        metadata={
+            "help": "How fresh draft layers start: 'random', or 'target' (copies of the target's layers above the "
+            "deepest context layer, the context projection passing that layer through)."
+        },
+    )
 
     def __post_init__(self) -> None:
-        positive = ("num_layers", "num_anchors", "batch_size", "grad_accum", "steps_per_forward", "max_steps", "eval_every",
-                    "checkpoint_every", "gen_max_new_tokens", "gen_batch_size", "eval_anchors", "eval_prompts_per_domain")
+        positive = (
+            "num_layers",
+            "num_anchors",
+            "batch_size",
+            "grad_accum",
+            "steps_per_forward",
+            "max_steps",
+            "eval_every",
+            "checkpoint_every",
+            "gen_max_new_tokens",
+            "gen_batch_size",
+            "eval_anchors",
+            "eval_prompts_per_domain",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -177,7 +373,9 @@ class TrainDrafterConfig:
         if self.gamma <= 0:
             raise ValueError(f"gamma must be > 0, got {self.gamma}.")
         if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
-            raise ValueError(f"loss_positions must be in [1, block_size - 1 = {self.block_size - 1}], got {self.loss_positions}.")
+            raise ValueError(
+                f"loss_positions must be in [1, block_size - 1 = {self.block_size - 1}], got {self.loss_positions}."
+            )
         if self.distill_weight < 0:
             raise ValueError(f"distill_weight must be >= 0, got {self.distill_weight}.")
         if not 0.0 <= self.corpus_fraction <= 1.0:
@@ -185,7 +383,9 @@ class TrainDrafterConfig:
         if self.corpus_fraction < 1.0 and self.self_gen_prompts_per_domain < 1:
             raise ValueError("corpus_fraction < 1 needs self-generated data: set self_gen_prompts_per_domain >= 1.")
         if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
+            raise ValueError(
+                f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}."
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}.")
         if self.warmup_steps < 0 or self.engine_eval_prompts < 0:
@@ -201,8 +401,10 @@ class TrainDrafterConfig:
             raise ValueError("train_domains is empty.")
         check_choice("init_layers", self.init_layers, ("random", "target"))
         if self.feature_cache is not None and self.distill_weight > 0:
-            raise ValueError("distill_weight > 0 needs the target's full logits, which a feature cache does not keep: "
-                             "drop --feature-cache or set --distill-weight 0.")
+            raise ValueError(
+                "distill_weight > 0 needs the target's full logits, which a feature cache does not keep: "
+                "drop --feature-cache or set --distill-weight 0."
+            )
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}.")
 
@@ -211,36 +413,77 @@ class TrainDrafterConfig:
 class TrainLengthHeadConfig:
     """``adaflash train-length-head``: record acceptance with the real engine, fit the head, evaluate it held out."""
 
-    output_dir: str = field(default="runs/length-head", metadata={"help": "Folder for the record cache, the trained head (OUTPUT_DIR/length_head) and its summary."})
+    output_dir: str = field(
+        default="runs/length-head",
+        metadata={"help": "Folder for the record cache, the trained head (OUTPUT_DIR/length_head) and its summary."},
+    )
     target: str = target_field("smollm2-135m")
     target_dtype: str = dtype_field("the target and drafter while recording")
     drafter: str = drafter_field(help_text=f"Drafter whose hidden states the head reads: {DRAFTER_HELP}")
-    train_domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"], metadata={"help": "Domains of the training and held-out prompts."})
-    train_prompts_per_domain: int = field(default=100, metadata={"help": "Training-split prompts per domain decoded for training records."})
-    eval_prompts_per_domain: int = field(default=40, metadata={"help": "Eval-split prompts per domain decoded for the held-out evaluation."})
+    train_domains: list[str] = field(
+        default_factory=lambda: ["code", "math", "chat"],
+        metadata={"help": "Domains of the training and held-out prompts."},
+    )
+    train_prompts_per_domain: int = field(
+        default=100, metadata={"help": "Training-split prompts per domain decoded for training records."}
+    )
+    eval_prompts_per_domain: int = field(
+        default=40, metadata={"help": "Eval-split prompts per domain decoded for the held-out evaluation."}
+    )
     max_new_tokens: int = field(default=96, metadata={"help": "Tokens generated per prompt while recording."})
     batch_size: int = field(default=8, metadata={"help": "Prompts decoded together while recording."})
-    max_record_minutes: float | None = field(default=10.0, metadata={"help": "Stop recording training prompts after the shard that crosses this budget (a rerun resumes); held-out prompts are always recorded."})
-    records_dir: str | None = field(default=None, metadata={"help": "Record cache, shareable between runs (default: OUTPUT_DIR/records)."})
+    max_record_minutes: float | None = field(
+        default=10.0,
+        metadata={
+            "help": "Stop recording training prompts after the shard that crosses this budget (a rerun resumes); "
+            "held-out prompts are always recorded."
+        },
+    )
+    records_dir: str | None = field(
+        default=None, metadata={"help": "Record cache, shareable between runs (default: OUTPUT_DIR/records)."}
+    )
     head_size: int = field(default=256, metadata={"help": "Width of the head's MLP (AdaFlash: 256)."})
-    epochs: int = field(default=20, metadata={"help": "Passes over the training records (the epoch with the best validation loss is kept)."})
-    lr: float = field(default=2e-4, metadata={"help": "Peak AdamW learning rate, decayed to 0 over the run by a cosine (AdaFlash's recipe: 2e-4)."})
+    epochs: int = field(
+        default=20,
+        metadata={"help": "Passes over the training records (the epoch with the best validation loss is kept)."},
+    )
+    lr: float = field(
+        default=2e-4,
+        metadata={"help": "Peak AdamW learning rate, decayed to 0 over the run by a cosine (AdaFlash's recipe: 2e-4)."},
+    )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     train_batch_size: int = field(default=256, metadata={"help": "Records per optimizer step."})
-    validation_fraction: float = field(default=0.1, metadata={"help": "Share of training records held back to pick the epoch."})
-    head_dtype: str = field(default="fp32", metadata={"help": "dtype of the saved head (it is tiny either way).", "choices": ("fp32", "bf16")})
+    validation_fraction: float = field(
+        default=0.1, metadata={"help": "Share of training records held back to pick the epoch."}
+    )
+    head_dtype: str = field(
+        default="fp32",
+        metadata={"help": "dtype of the saved head (it is tiny either way).", "choices": ("fp32", "bf16")},
+    )
     seed: int = seed_field("prompt order, initialisation and batches")
     num_threads: int | None = num_threads_field()
 
     def __post_init__(self) -> None:
-        for name in ("train_prompts_per_domain", "eval_prompts_per_domain", "max_new_tokens", "batch_size", "head_size",
-                     "epochs", "train_batch_size"):
+        for name in (
+            "train_prompts_per_domain",
+            "eval_prompts_per_domain",
+            "max_new_tokens",
+            "batch_size",
+            "head_size",
+            "epochs",
+            "train_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.max_new_tokens < 2:
-            raise ValueError(f"max_new_tokens must be >= 2 (a round verifies drafts only while 2 or more tokens are left), got {self.max_new_tokens}.")
+            raise ValueError(
+                "max_new_tokens must be >= 2 (a round verifies drafts only while 2 or more tokens are left), got "
+                f"{self.max_new_tokens}."
+            )
         if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}.")
+            raise ValueError(
+                f"lr must be > 0 and weight_decay >= 0, got lr={self.lr}, weight_decay={self.weight_decay}."
+            )
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction}.")
         check_choice("target_dtype", self.target_dtype, DTYPES)

@@ -188,8 +188,16 @@ def generate_responses(
     cache_dir.mkdir(parents=True, exist_ok=True)
     meta_path = cache_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    meta.update({"num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                 "target": target_name, "decoding": "greedy", "shard_size": shard_size})
+    meta.update(
+        {
+            "num_prompts": len(prompts),
+            "max_new_tokens": max_new_tokens,
+            "max_prompt_tokens": max_prompt_tokens,
+            "target": target_name,
+            "decoding": "greedy",
+            "shard_size": shard_size,
+        }
+    )
     meta.setdefault("shards", {})
     encoded = [chat_prompt_ids(tokenizer, p) for p in prompts]
     eos_ids = set(torch.tensor(target.generation_config.eos_token_id).flatten().tolist())
@@ -216,13 +224,25 @@ def generate_responses(
             input_ids, attention_mask = _left_pad(rows, pad_id)
             input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
             if drafter is None:
-                out = target.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False,
-                                      max_new_tokens=max_new_tokens, pad_token_id=pad_id).cpu()
+                out = target.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    do_sample=False,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=pad_id,
+                ).cpu()
             else:
                 from ..decoding.engine import generate
 
-                out = generate(target, drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                               do_sample=False, pad_token_id=pad_id).sequences.cpu()
+                out = generate(
+                    target,
+                    drafter,
+                    input_ids,
+                    attention_mask,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                ).sequences.cpu()
             for r, ids in enumerate(rows):
                 response = out[r, input_ids.shape[1] :].tolist()
                 end = next((j + 1 for j, t in enumerate(response) if t in eos_ids), len(response))
@@ -231,16 +251,25 @@ def generate_responses(
         bar.update(len(indices) - len(kept))
         _write_shard(path, records)
         meta["shards"][path.name] = {
-            "prompts": len(records), "response_tokens": sum(len(ids) - s for ids, s in records),
-            "seconds": round(time.perf_counter() - shard_start, 1), "engine": "adaflash" if drafter is not None else "generate",
-            "dtype": str(target.dtype), "adaflash_hf": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "prompts": len(records),
+            "response_tokens": sum(len(ids) - s for ids, s in records),
+            "seconds": round(time.perf_counter() - shard_start, 1),
+            "engine": "adaflash" if drafter is not None else "generate",
+            "dtype": str(target.dtype),
+            "adaflash_hf": __version__,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         meta_path.write_text(json.dumps(meta, indent=1))
         sequences.extend(TrainingSequence(torch.tensor(ids), s) for ids, s in records)
     bar.close()
     meta_path.write_text(json.dumps(meta, indent=1))
-    logger.info("self-distillation: %d sequences, %d response tokens (%d of %d shards cached)",
-                len(sequences), sum(len(s) - s.start for s in sequences), len(meta["shards"]), num_shards)
+    logger.info(
+        "self-distillation: %d sequences, %d response tokens (%d of %d shards cached)",
+        len(sequences),
+        sum(len(s) - s.start for s in sequences),
+        len(meta["shards"]),
+        num_shards,
+    )
     return sequences
 
 
@@ -251,18 +280,32 @@ def generate_data(config: GenerateDataConfig) -> int:
     from ..targets import load_target
 
     if config.prompts is not None:  # read (and check) the user's prompts before loading any model
-        prompts = _first_per_domain(load_prompts_jsonl(config.prompts, default_domain="user"), config.prompts_per_domain)
+        prompts = _first_per_domain(
+            load_prompts_jsonl(config.prompts, default_domain="user"), config.prompts_per_domain
+        )
     else:
-        prompts = load_prompts(config.train_domains, split="train", limit_per_domain=config.prompts_per_domain, seed=config.seed)
+        prompts = load_prompts(
+            config.train_domains, split="train", limit_per_domain=config.prompts_per_domain, seed=config.seed
+        )
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     drafter = None if config.drafter == "none" else load_drafter(config.drafter, target, target_name=config.target)
-    sequences = generate_responses(target, tokenizer, list(prompts["prompt"]), Path(config.data_dir) / "train",
-                                   max_new_tokens=config.max_new_tokens, batch_size=config.batch_size, target_name=config.target,
-                                   drafter=drafter, max_minutes=config.max_minutes)
-    print(f"{len(sequences)} sequences, {sum(len(s) - s.start for s in sequences)} response tokens cached "
-          f"(of {len(prompts)} prompts) in {config.data_dir}/train")
+    sequences = generate_responses(
+        target,
+        tokenizer,
+        list(prompts["prompt"]),
+        Path(config.data_dir) / "train",
+        max_new_tokens=config.max_new_tokens,
+        batch_size=config.batch_size,
+        target_name=config.target,
+        drafter=drafter,
+        max_minutes=config.max_minutes,
+    )
+    print(
+        f"{len(sequences)} sequences, {sum(len(s) - s.start for s in sequences)} response tokens cached "
+        f"(of {len(prompts)} prompts) in {config.data_dir}/train"
+    )
     return 0
 
 

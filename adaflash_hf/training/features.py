@@ -57,8 +57,10 @@ def source_shards(data_dir: str | Path) -> list[Path]:
     root = Path(data_dir) / "train"
     shards = sorted(root.glob("*/shard_*.safetensors"))
     if not shards:
-        raise FileNotFoundError(f"no self-generated responses under {root}: create them with "
-                                f"`adaflash generate-data --data-dir {data_dir}`.")
+        raise FileNotFoundError(
+            f"no self-generated responses under {root}: create them with "
+            f"`adaflash generate-data --data-dir {data_dir}`."
+        )
     return shards
 
 
@@ -73,8 +75,9 @@ def _read_sequences(path: Path) -> list[TrainingSequence]:
 
 
 @torch.no_grad()
-def _shard_features(target, sequences: list[TrainingSequence], layer_ids: list[int], pad_token_id: int,
-                    batch_size: int) -> dict[str, np.ndarray]:
+def _shard_features(
+    target, sequences: list[TrainingSequence], layer_ids: list[int], pad_token_id: int, batch_size: int
+) -> dict[str, np.ndarray]:
     """One target forward per ``batch_size`` sequences (sorted by length to waste little padding)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     context: list[torch.Tensor | None] = [None] * len(sequences)
@@ -87,8 +90,12 @@ def _shard_features(target, sequences: list[TrainingSequence], layer_ids: list[i
         for r, i in enumerate(rows):
             input_ids[r, : len(sequences[i])] = sequences[i].input_ids
             attention_mask[r, : len(sequences[i])] = 1
-        out = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
-                     output_hidden_states=True, use_cache=False)
+        out = target(
+            input_ids=input_ids.to(target.device),
+            attention_mask=attention_mask.to(target.device),
+            output_hidden_states=True,
+            use_cache=False,
+        )
         hidden = torch.cat([out.hidden_states[j + 1] for j in layer_ids], dim=-1).to(torch.bfloat16).cpu()  # (b, L, nH)
         argmax = out.logits.max(-1).indices.cpu()  # (b, L): the target's choice for the next token
         for r, i in enumerate(rows):
@@ -107,8 +114,16 @@ def _shard_features(target, sequences: list[TrainingSequence], layer_ids: list[i
     }
 
 
-def build_feature_cache(target, tokenizer, data_dir: str | Path, cache_dir: str | Path, layer_ids: list[int],
-                        target_name: str, batch_size: int = 8, max_minutes: float | None = None) -> Path:
+def build_feature_cache(
+    target,
+    tokenizer,
+    data_dir: str | Path,
+    cache_dir: str | Path,
+    layer_ids: list[int],
+    target_name: str,
+    batch_size: int = 8,
+    max_minutes: float | None = None,
+) -> Path:
     """Compute (or resume) the feature cache of every self-generated shard under ``DATA_DIR/train``."""
     from .. import __version__
 
@@ -116,13 +131,21 @@ def build_feature_cache(target, tokenizer, data_dir: str | Path, cache_dir: str 
     cache_dir.mkdir(parents=True, exist_ok=True)
     meta_path = cache_dir / "meta.json"
     hidden_size = target.config.get_text_config().hidden_size
-    provenance = {"format": FORMAT_VERSION, "target": target_name, "target_layer_ids": list(layer_ids),
-                  "hidden_size": hidden_size, "dtype": "bfloat16", "target_dtype": str(target.dtype)}
+    provenance = {
+        "format": FORMAT_VERSION,
+        "target": target_name,
+        "target_layer_ids": list(layer_ids),
+        "hidden_size": hidden_size,
+        "dtype": "bfloat16",
+        "target_dtype": str(target.dtype),
+    }
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     clash = {k: (meta[k], v) for k, v in provenance.items() if k in meta and meta[k] != v}
     if clash:
-        raise ValueError(f"{cache_dir} holds features of another configuration ({clash}, cached vs asked): "
-                         "pass another --cache-dir, or delete that folder to rebuild it.")
+        raise ValueError(
+            f"{cache_dir} holds features of another configuration ({clash}, cached vs asked): "
+            "pass another --cache-dir, or delete that folder to rebuild it."
+        )
     meta.update(provenance)
     meta.setdefault("shards", {})
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -135,8 +158,10 @@ def build_feature_cache(target, tokenizer, data_dir: str | Path, cache_dir: str 
         done = meta["shards"].get(name)
         if done is not None and (cache_dir / name).is_dir():
             if done["source_sha256"] != digest:
-                raise ValueError(f"{cache_dir / name} was computed from another version of {source}: "
-                                 "delete the cache folder to rebuild it.")
+                raise ValueError(
+                    f"{cache_dir / name} was computed from another version of {source}: "
+                    "delete the cache folder to rebuild it."
+                )
             continue
         tick = time.perf_counter()
         sequences = _read_sequences(source)
@@ -150,10 +175,14 @@ def build_feature_cache(target, tokenizer, data_dir: str | Path, cache_dir: str 
         seconds = time.perf_counter() - tick
         tokens = int(arrays["offsets"][-1])
         meta["shards"][name] = {
-            "source": str(source.relative_to(Path(data_dir))), "source_sha256": digest,
-            "sequences": len(sequences), "tokens": tokens,
-            "response_tokens": int(sum(len(s) - s.start for s in sequences)), "seconds": round(seconds, 1),
-            "adaflash_hf": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "source": str(source.relative_to(Path(data_dir))),
+            "source_sha256": digest,
+            "sequences": len(sequences),
+            "tokens": tokens,
+            "response_tokens": int(sum(len(s) - s.start for s in sequences)),
+            "seconds": round(seconds, 1),
+            "adaflash_hf": __version__,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         meta_path.write_text(json.dumps(meta, indent=1))
         bar.set_postfix(tok_per_s=f"{tokens / seconds:.0f}")
@@ -182,12 +211,15 @@ class FeatureStore:
         self.cache_dir = Path(cache_dir)
         meta_path = self.cache_dir / "meta.json"
         if not meta_path.exists():
-            raise FileNotFoundError(f"{self.cache_dir} is not a feature cache (no meta.json): build it with "
-                                    "`adaflash cache-features`.")
+            raise FileNotFoundError(
+                f"{self.cache_dir} is not a feature cache (no meta.json): build it with `adaflash cache-features`."
+            )
         self.meta = json.loads(meta_path.read_text())
         if self.meta.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{self.cache_dir} has cache format {self.meta.get('format')}, this version reads "
-                             f"{FORMAT_VERSION}: rebuild it with `adaflash cache-features`.")
+            raise ValueError(
+                f"{self.cache_dir} has cache format {self.meta.get('format')}, this version reads "
+                f"{FORMAT_VERSION}: rebuild it with `adaflash cache-features`."
+            )
         self.layer_ids: list[int] = list(self.meta["target_layer_ids"])
         self._shards: list[dict[str, np.ndarray]] = []
         self.sequences: list[CachedSequence] = []
@@ -195,13 +227,17 @@ class FeatureStore:
             folder = self.cache_dir / name
             if not folder.is_dir():
                 continue
-            arrays = {key: np.load(folder / f"{key}.npy", mmap_mode="r")
-                      for key in ("ids", "labels", "context", "offsets", "starts")}
+            arrays = {
+                key: np.load(folder / f"{key}.npy", mmap_mode="r")
+                for key in ("ids", "labels", "context", "offsets", "starts")
+            }
             index = len(self._shards)
             self._shards.append(arrays)
             offsets, starts = np.asarray(arrays["offsets"]), np.asarray(arrays["starts"])
-            self.sequences.extend(CachedSequence(index, int(offsets[i]), int(offsets[i + 1] - offsets[i]), int(starts[i]))
-                                  for i in range(len(starts)))
+            self.sequences.extend(
+                CachedSequence(index, int(offsets[i]), int(offsets[i + 1] - offsets[i]), int(starts[i]))
+                for i in range(len(starts))
+            )
         if not self.sequences:
             raise ValueError(f"{self.cache_dir} holds no finished shard yet: run `adaflash cache-features` first.")
 
@@ -223,12 +259,16 @@ class FeatureStore:
     def check(self, target_name: str | None, layer_ids: list[int]) -> None:
         """Raise if the cache was computed for another target or other context layers than a drafter reads."""
         if list(layer_ids) != self.layer_ids:
-            raise ValueError(f"the feature cache {self.cache_dir} holds target layers {self.layer_ids}, but the drafter "
-                             f"reads {list(layer_ids)}: pass --target-layer-ids {' '.join(map(str, self.layer_ids))}, "
-                             "or build a cache for those layers with `adaflash cache-features --target-layer-ids ...`.")
+            raise ValueError(
+                f"the feature cache {self.cache_dir} holds target layers {self.layer_ids}, but the drafter "
+                f"reads {list(layer_ids)}: pass --target-layer-ids {' '.join(map(str, self.layer_ids))}, "
+                "or build a cache for those layers with `adaflash cache-features --target-layer-ids ...`."
+            )
         if target_name is not None and self.meta["target"] != target_name:
-            raise ValueError(f"the feature cache {self.cache_dir} was computed with target {self.meta['target']!r}, "
-                             f"not {target_name!r}: build one for this target with `adaflash cache-features`.")
+            raise ValueError(
+                f"the feature cache {self.cache_dir} was computed with target {self.meta['target']!r}, "
+                f"not {target_name!r}: build one for this target with `adaflash cache-features`."
+            )
 
     def training_sequence(self, index: int) -> TrainingSequence:
         s = self.sequences[index]
@@ -269,9 +309,19 @@ def cache_features(config) -> int:
     if not all(0 <= i < num_layers for i in layer_ids):
         raise ValueError(f"target_layer_ids {layer_ids}: the target has layers 0..{num_layers - 1}.")
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir(config.target, layer_ids)
-    build_feature_cache(target, tokenizer, config.data_dir, cache_dir, layer_ids, config.target,
-                        batch_size=config.batch_size, max_minutes=config.max_minutes)
+    build_feature_cache(
+        target,
+        tokenizer,
+        config.data_dir,
+        cache_dir,
+        layer_ids,
+        config.target,
+        batch_size=config.batch_size,
+        max_minutes=config.max_minutes,
+    )
     store = FeatureStore(cache_dir)
-    print(f"{len(store)} sequences, {store.num_tokens:,} tokens ({store.num_response_tokens:,} response tokens), "
-          f"{store.size_bytes / 2**30:.2f} GiB in {cache_dir}")
+    print(
+        f"{len(store)} sequences, {store.num_tokens:,} tokens ({store.num_response_tokens:,} response tokens), "
+        f"{store.size_bytes / 2**30:.2f} GiB in {cache_dir}"
+    )
     return 0

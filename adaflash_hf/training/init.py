@@ -16,8 +16,17 @@ from transformers import PreTrainedModel
 
 from ..modeling_adaflash import AdaFlashDrafter
 
-_COPIED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-           "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+_COPIED = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
 
 
 def copied_layer_ids(num_target_layers: int, target_layer_ids: list[int], num_draft_layers: int) -> list[int]:
@@ -36,8 +45,9 @@ def _mean_head_rms(projection: torch.nn.Linear, inputs: torch.Tensor, head_dim: 
 
 
 @torch.no_grad()
-def init_from_target(drafter: AdaFlashDrafter, target: PreTrainedModel, input_ids: torch.Tensor,
-                     attention_mask: torch.Tensor) -> list[int]:
+def init_from_target(
+    drafter: AdaFlashDrafter, target: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> list[int]:
     """Copy the target's layers into ``drafter`` (in place) and return the target layer ids copied.
 
     input_ids/attention_mask (b, L): a calibration batch of real text for the q/k norm scales.
@@ -46,14 +56,20 @@ def init_from_target(drafter: AdaFlashDrafter, target: PreTrainedModel, input_id
     target_layers = target.get_decoder().layers
     text = target.config.get_text_config()
     if config.intermediate_size != text.intermediate_size or config.hidden_size != text.hidden_size:
-        raise ValueError(f"init_layers='target' copies target layers, but the drafter's MLP width {config.intermediate_size} "
-                         f"differs from the target's {text.intermediate_size}: drop --intermediate-size or use "
-                         "--init-layers random.")
+        raise ValueError(
+            f"init_layers='target' copies target layers, but the drafter's MLP width {config.intermediate_size} "
+            f"differs from the target's {text.intermediate_size}: drop --intermediate-size or use "
+            "--init-layers random."
+        )
     copied = copied_layer_ids(len(target_layers), config.target_layer_ids, config.num_hidden_layers)
 
     # Inputs of each copied layer's attention, from one target forward (hidden_states[j] feeds layer j).
-    out = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
-                 output_hidden_states=True, use_cache=False)
+    out = target(
+        input_ids=input_ids.to(target.device),
+        attention_mask=attention_mask.to(target.device),
+        output_hidden_states=True,
+        use_cache=False,
+    )
     keep = attention_mask.bool().to(target.device)
     for draft_layer, j in zip(drafter.layers, copied):
         source = target_layers[j]
@@ -73,5 +89,7 @@ def init_from_target(drafter: AdaFlashDrafter, target: PreTrainedModel, input_id
     deepest = config.target_layer_ids.index(max(config.target_layer_ids))
     drafter.fc.weight.zero_()
     drafter.fc.weight[:, deepest * hidden : (deepest + 1) * hidden] = torch.eye(hidden, dtype=drafter.fc.weight.dtype)
-    drafter.hidden_norm.weight.copy_(target_layers[copied[0]].input_layernorm.weight.to(drafter.hidden_norm.weight.dtype))
+    drafter.hidden_norm.weight.copy_(
+        target_layers[copied[0]].input_layernorm.weight.to(drafter.hidden_norm.weight.dtype)
+    )
     return copied

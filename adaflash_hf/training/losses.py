@@ -32,7 +32,9 @@ def position_weights(block_size: int, gamma: float, num_positions: int | None = 
     return torch.exp(-torch.arange(num, dtype=torch.float32) / gamma)
 
 
-def _weighted_mean(per_position: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, ignore_index: int) -> torch.Tensor:
+def _weighted_mean(
+    per_position: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, ignore_index: int
+) -> torch.Tensor:
     """Mean of (N, K) values weighted by position weights (broadcast to (N, K)) over valid labels; 0 when none is."""
     w = weights.to(per_position.device, per_position.dtype) * (labels != ignore_index)  # (N, K)
     return (per_position * w).sum() / w.sum().clamp_min(1e-12)
@@ -55,7 +57,10 @@ def decayed_cross_entropy(
 
 
 def decayed_forward_kl(
-    draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
     ignore_index: int = -100,
 ) -> torch.Tensor:
     """Position-weighted KL(p_target || p_draft): distillation on the target's whole distribution.
@@ -96,15 +101,17 @@ def opd_loss(
     draft_logits, target_logits (N, K, V); labels (N, K), the target's greedy tokens (``ignore_index``
     where none); weights (K,) position decay. Returns the weighted mean over valid (n, k).
     """
-    ce = F.cross_entropy(
-        draft_logits.float().flatten(0, 1), labels.flatten().clamp_min(0), reduction="none"
-    ).view(labels.shape)  # (N, K)
+    ce = F.cross_entropy(draft_logits.float().flatten(0, 1), labels.flatten().clamp_min(0), reduction="none").view(
+        labels.shape
+    )  # (N, K)
     kl = clipped_reverse_kl(draft_logits, target_logits, clip)  # (N, K)
     per_position = _mix(ce, kl, alpha).masked_fill(labels == ignore_index, 0.0)
     return _weighted_mean(per_position, labels, weights, ignore_index)
 
 
-def topk_reverse_kl(draft_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logprobs: torch.Tensor, clip: float) -> torch.Tensor:
+def topk_reverse_kl(
+    draft_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logprobs: torch.Tensor, clip: float
+) -> torch.Tensor:
     """KL(p_draft || p_target) from a top-k compressed teacher, clamped at ``clip``: -> (...).
 
     draft_logits (..., V_draft); teacher_ids (..., k) indices into the draft vocabulary (negative where

@@ -36,7 +36,11 @@ def compute_autocast(device: torch.device | str, target_dtype: torch.dtype) -> c
 
 
 def block_hidden_states(
-    drafter: AdaFlashDrafter, embed: torch.nn.Module, input_ids: torch.Tensor, context: torch.Tensor, anchors: torch.Tensor,
+    drafter: AdaFlashDrafter,
+    embed: torch.nn.Module,
+    input_ids: torch.Tensor,
+    context: torch.Tensor,
+    anchors: torch.Tensor,
     num_positions: int,
 ) -> torch.Tensor:
     """Drafter forward over blocks ``[token at a_j, MASK...]`` for every anchor; returns (b, A, K, H).
@@ -52,7 +56,9 @@ def block_hidden_states(
     position_ids = torch.cat(
         [torch.arange(seq_len, device=input_ids.device).expand(b, -1), block_position_ids(anchors, block_size)], dim=1
     )  # (b, L + A*B)
-    compute_dtype = torch.bfloat16 if torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled() else noise_embeds.dtype
+    compute_dtype = (
+        torch.bfloat16 if torch.is_autocast_cpu_enabled() or torch.is_autocast_enabled() else noise_embeds.dtype
+    )
     mask = block_attention_mask(anchors, seq_len, block_size, compute_dtype)
     hidden = drafter(
         noise_embeds=noise_embeds, context_hidden_states=context, position_ids=position_ids, attention_mask=mask
@@ -109,8 +115,9 @@ def drafter_block_forward(
     """Offline step: drafter forward over every block, lm_head only on labelled positions, weighted loss.
 
     ``drafter`` may be wrapped for distributed training (the forward must go through the wrapper so
-    gradients synchronise). features from ``target_features``; anchors/anchor_valid (b, A); weights (K,) for block positions
-    1..K (K <= block_size - 1). Loss: CE on the target's argmax + distill_weight * KL(p_target || p_draft).
+    gradients synchronise). features from ``target_features``; anchors/anchor_valid (b, A); weights (K,) for
+    block positions 1..K (K <= block_size - 1). Loss: CE on the target's argmax + distill_weight *
+    KL(p_target || p_draft).
     """
     context, labels = features.context, features.labels
     block_size = extract_model_from_parallel(drafter).config.block_size
@@ -122,7 +129,11 @@ def drafter_block_forward(
     hidden = block_hidden_states(drafter, target.get_input_embeddings(), input_ids, context, anchors, num_positions)
 
     block_lab = block_labels(
-        labels, batch.label_mask.to(device), anchors, anchor_valid, block_size,
+        labels,
+        batch.label_mask.to(device),
+        anchors,
+        anchor_valid,
+        block_size,
         input_ids=input_ids if consistent_labels else None,
     )[:, :, :num_positions]  # (b, A, K)
     valid = block_lab != IGNORE_INDEX
@@ -130,7 +141,11 @@ def drafter_block_forward(
     logits = draft_logits(drafter, lm_head, hidden[valid])  # (n, V_draft): only labelled positions pay the lm_head
     labels_flat = to_draft_ids(block_lab[valid], drafter, lm_head.weight.shape[0])
     flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
-    loss = decayed_cross_entropy(logits, labels_flat, flat_weights) if bool((labels_flat != IGNORE_INDEX).any()) else logits.sum() * 0
+    loss = (
+        decayed_cross_entropy(logits, labels_flat, flat_weights)
+        if bool((labels_flat != IGNORE_INDEX).any())
+        else logits.sum() * 0
+    )
     if distill_weight > 0:
         label_pos = anchors[:, :, None] + torch.arange(1, num_positions + 1, device=device)  # (b, A, K)
         rows = torch.arange(b, device=device)[:, None, None].expand_as(label_pos)
@@ -144,7 +159,9 @@ def drafter_block_forward(
     return BlockOutput(loss, predictions, block_lab)
 
 
-def acceptance_counts(predictions: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def acceptance_counts(
+    predictions: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced greedy acceptance of (b, A, K) blocks.
 
     Returns accepted (N,) leading matches per block that has a first label, hits (K,) and seen (K,)

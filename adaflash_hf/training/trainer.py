@@ -3,7 +3,8 @@
 One step: target forward over a batch (context features + greedy labels) -> sample anchors ->
 drafter forward over all blocks at once -> target lm_head on the supervised block positions ->
 position-decayed cross-entropy -> AdamW. The loop runs under `accelerate.Accelerator`, so the same
-code runs on several GPUs; on CPU it is a thin wrapper and compute runs under bf16 autocast where bf16 is the faster dtype (fp32 elsewhere).
+code runs on several GPUs; on CPU it is a thin wrapper and compute runs under bf16 autocast where bf16
+is the faster dtype (fp32 elsewhere).
 
 Everything a run produces lives in ``output_dir``: ``data/`` (cached self-generated sequences, or
 ``data_dir`` to share them between runs),
@@ -55,7 +56,8 @@ def pick_mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     reserved = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
     template = tokenizer.chat_template or ""
     candidates = [
-        i for i, tok in tokenizer.added_tokens_decoder.items()
+        i
+        for i, tok in tokenizer.added_tokens_decoder.items()
         if tok.special and i not in reserved and tok.content not in template
     ]
     if not candidates:
@@ -91,7 +93,9 @@ def _save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generato
     tmp.mkdir(parents=True)
     torch.save(
         {
-            "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+            "drafter": drafter.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "state": state,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "generator": generator.get_state()},
         },
         tmp / "checkpoint.pt",
@@ -129,7 +133,9 @@ def _plot(metrics_path: Path, out_path: Path) -> None:
         axes[1].plot([r["step"] for r in evals], [r["tau"] for r in evals], "o-", label="held-out tau (teacher-forced)")
         last = evals[-1]["position_acceptance"]
         for k in range(min(4, len(last))):
-            axes[2].plot([r["step"] for r in evals], [r["position_acceptance"][k] for r in evals], "o-", label=f"a_{k + 1}")
+            axes[2].plot(
+                [r["step"] for r in evals], [r["position_acceptance"][k] for r in evals], "o-", label=f"a_{k + 1}"
+            )
     axes[0].set_yscale("log")
     axes[1].plot([r["step"] for r in train], [r["train_tau"] for r in train], alpha=0.5, label="train tau")
     for ax, title in zip(axes, ("loss", "tau", "held-out acceptance by position"), strict=True):
@@ -163,8 +169,9 @@ def evaluate(
         anchors, valid = sample_anchors(batch.label_mask, config.eval_anchors, generator)
         device = features.context.device
         with autocast():
-            out = drafter_block_forward(drafter, target, batch, features, anchors.to(device), valid.to(device),
-                                        weights, consistent_labels=True)
+            out = drafter_block_forward(
+                drafter, target, batch, features, anchors.to(device), valid.to(device), weights, consistent_labels=True
+            )
         acc, h, s = acceptance_counts(out.predictions.cpu(), out.labels.cpu())
         accepted.append(acc)
         hits += h
@@ -189,14 +196,21 @@ def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens:
     from ..decoding.policy import FixedVerifyLength
     from .data import chat_prompt_ids
 
-    alone = dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(), drafting_state=DraftingState())
+    alone = dict(
+        drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(), drafting_state=DraftingState()
+    )
     drafter.eval()
     tokens, spec_s, plain_s, plain_tokens = 0, 0.0, 0.0, 0
     all_stats = None
     warm = torch.tensor([chat_prompt_ids(tokenizer, prompts[0])], device=target.device)  # first calls pay one-off costs
     generate(target, drafter, warm, torch.ones_like(warm), max_new_tokens=8, **alone)
-    target.generate(input_ids=warm, attention_mask=torch.ones_like(warm), do_sample=False, max_new_tokens=8,
-                    pad_token_id=tokenizer.pad_token_id)
+    target.generate(
+        input_ids=warm,
+        attention_mask=torch.ones_like(warm),
+        do_sample=False,
+        max_new_tokens=8,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     for prompt in prompts:
         ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], device=target.device)
         start = time.perf_counter()
@@ -208,8 +222,13 @@ def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens:
         else:
             all_stats.merge(out.stats)
         start = time.perf_counter()
-        plain = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        plain = target.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         plain_s += time.perf_counter() - start
         plain_tokens += plain.shape[1] - ids.shape[1]
     return {
@@ -226,8 +245,9 @@ def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens:
 # --------------------------------------------------------------------------------------------
 
 
-def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = None,
-                  tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
+def train_drafter(
+    config: TrainDrafterConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None
+) -> Path:
     """Train a drafter for ``config.target`` and return the folder of the final bf16 drafter.
 
     ``target``/``tokenizer`` may be passed already loaded (tests use tiny random models); otherwise
@@ -255,10 +275,14 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
 
     # 2. Data: held-out self-generated responses, training responses and packed corpus text.
     data_start = time.perf_counter()
-    gen_kwargs = dict(max_new_tokens=config.gen_max_new_tokens, batch_size=config.gen_batch_size, target_name=config.target)
+    gen_kwargs = dict(
+        max_new_tokens=config.gen_max_new_tokens, batch_size=config.gen_batch_size, target_name=config.target
+    )
     eval_prompts = load_prompts(config.train_domains, split="eval", limit_per_domain=config.eval_prompts_per_domain)
     data_dir = Path(config.data_dir) if config.data_dir is not None else output_dir / "data"
-    eval_sequences = generate_responses(target, tokenizer, list(eval_prompts["prompt"]), data_dir / "eval", **gen_kwargs)
+    eval_sequences = generate_responses(
+        target, tokenizer, list(eval_prompts["prompt"]), data_dir / "eval", **gen_kwargs
+    )
     self_gen: list[TrainingSequence] = []
     store = None
     if config.feature_cache is not None:  # responses and their target features, computed once
@@ -267,22 +291,36 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         store = FeatureStore(config.feature_cache)
         self_gen = [store.training_sequence(i) for i in range(len(store))]
     elif config.corpus_fraction < 1.0:
-        train_prompts = load_prompts(config.train_domains, split="train",
-                                     limit_per_domain=config.self_gen_prompts_per_domain, seed=config.seed)
-        self_gen = generate_responses(target, tokenizer, list(train_prompts["prompt"]), data_dir / "train",
-                                      cached_only=config.self_gen_cached_only, **gen_kwargs)
+        train_prompts = load_prompts(
+            config.train_domains, split="train", limit_per_domain=config.self_gen_prompts_per_domain, seed=config.seed
+        )
+        self_gen = generate_responses(
+            target,
+            tokenizer,
+            list(train_prompts["prompt"]),
+            data_dir / "train",
+            cached_only=config.self_gen_cached_only,
+            **gen_kwargs,
+        )
         if not self_gen:
-            raise ValueError(f"no self-generated responses cached in {data_dir / 'train'}: run adaflash generate-data first, "
-                             "or drop --self-gen-cached-only.")
+            raise ValueError(
+                f"no self-generated responses cached in {data_dir / 'train'}: run adaflash generate-data first, "
+                "or drop --self-gen-cached-only."
+            )
     corpus: list[TrainingSequence] = []
     if config.corpus_fraction > 0.0:
-        texts = load_text_corpus(config.train_domains, split="train", limit_per_domain=config.corpus_limit_per_domain, seed=config.seed)
+        texts = load_text_corpus(
+            config.train_domains, split="train", limit_per_domain=config.corpus_limit_per_domain, seed=config.seed
+        )
         corpus = pack_corpus(tokenizer, list(texts["text"]), config.seq_len)
     data_minutes = (time.perf_counter() - data_start) / 60
     data_sizes = {
-        "corpus_sequences": len(corpus), "corpus_tokens": sum(len(s) for s in corpus),
-        "self_gen_sequences": len(self_gen), "self_gen_response_tokens": sum(len(s) - s.start for s in self_gen),
-        "eval_sequences": len(eval_sequences), "eval_response_tokens": sum(len(s) - s.start for s in eval_sequences),
+        "corpus_sequences": len(corpus),
+        "corpus_tokens": sum(len(s) for s in corpus),
+        "self_gen_sequences": len(self_gen),
+        "self_gen_response_tokens": sum(len(s) - s.start for s in self_gen),
+        "eval_sequences": len(eval_sequences),
+        "eval_response_tokens": sum(len(s) - s.start for s in eval_sequences),
     }
     logger.info("data ready in %.1f min: %s", data_minutes, data_sizes)
 
@@ -293,7 +331,9 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         overrides["target_layer_ids"] = list(config.target_layer_ids)
     else:  # one middle layer (DFlash's default for a 1-layer drafter) learns markedly slower: docs/research-log.md
         num_target_layers = target.config.get_text_config().num_hidden_layers
-        overrides["target_layer_ids"] = default_target_layer_ids(num_target_layers, max(config.num_layers, CONTEXT_LAYERS))
+        overrides["target_layer_ids"] = default_target_layer_ids(
+            num_target_layers, max(config.num_layers, CONTEXT_LAYERS)
+        )
     if config.intermediate_size is not None:
         overrides["intermediate_size"] = config.intermediate_size
     if store is not None and config.target_layer_ids is None and config.init_from is None:
@@ -301,12 +341,23 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
     if config.init_from is not None:  # continue from a trained drafter: its architecture, its weights
         from ..drafters import load_drafter
 
-        drafter = load_drafter(config.init_from, target, target_name=config.target, datastore=False).float().requires_grad_(True)
+        drafter = (
+            load_drafter(config.init_from, target, target_name=config.target, datastore=False)
+            .float()
+            .requires_grad_(True)
+        )
         if drafter.config.block_size != config.block_size:
-            raise ValueError(f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
-                             f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}.")
-        logger.info("initialised from %s: %d layers, block %d, context layers %s", config.init_from,
-                    drafter.config.num_hidden_layers, drafter.config.block_size, drafter.config.target_layer_ids)
+            raise ValueError(
+                f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
+                f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}."
+            )
+        logger.info(
+            "initialised from %s: %d layers, block %d, context layers %s",
+            config.init_from,
+            drafter.config.num_hidden_layers,
+            drafter.config.block_size,
+            drafter.config.target_layer_ids,
+        )
     else:
         drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
         # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
@@ -324,9 +375,17 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         from .vocab import most_frequent, response_token_counts
 
         eos = torch.tensor(target.generation_config.eos_token_id).flatten().tolist()
-        drafter.set_draft_vocab(most_frequent(response_token_counts(self_gen or eval_sequences), config.draft_vocab_size,
-                                              drafter.config.vocab_size, always=eos))
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+        drafter.set_draft_vocab(
+            most_frequent(
+                response_token_counts(self_gen or eval_sequences),
+                config.draft_vocab_size,
+                drafter.config.vocab_size,
+                always=eos,
+            )
+        )
+    optimizer = torch.optim.AdamW(
+        drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
+    )
     state = {"step": 0, "train_minutes": 0.0, "tokens_seen": 0}
     latest = _latest_checkpoint(output_dir) if config.resume else None
     if latest is not None:
@@ -342,6 +401,7 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
 
     def wall_minutes() -> float:
         return earlier_wall + (time.perf_counter() - wall_start) / 60
+
     drafter, optimizer = accelerator.prepare(drafter, optimizer)
     raw_drafter = accelerator.unwrap_model(drafter)
     raw_drafter.train()
@@ -400,8 +460,17 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
             anchors, valid = sample_anchors(batch.label_mask, config.num_anchors, generator)
             with autocast():
                 device = features.context.device
-                out = drafter_block_forward(drafter, target, batch, features, anchors.to(device),
-                                            valid.to(device), weights, config.consistent_labels, config.distill_weight)
+                out = drafter_block_forward(
+                    drafter,
+                    target,
+                    batch,
+                    features,
+                    anchors.to(device),
+                    valid.to(device),
+                    weights,
+                    config.consistent_labels,
+                    config.distill_weight,
+                )
             accelerator.backward(out.loss / config.grad_accum)
             accepted.append(acceptance_counts(out.predictions.cpu(), out.labels.cpu())[0])
             state["tokens_seen"] += batch.num_supervised
@@ -416,16 +485,32 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         recent_loss, recent_acc = recent_loss[-20:], recent_acc[-20:]
         train_loss, train_tau = sum(recent_loss) / len(recent_loss), sum(recent_acc) / len(recent_acc)
         bar.update(1)
-        bar.set_postfix(loss=f"{train_loss:.3f}", tau=f"{train_tau:.2f}", held_out=f"{last_eval['tau']:.3f}" if last_eval else "-")
+        bar.set_postfix(
+            loss=f"{train_loss:.3f}", tau=f"{train_tau:.2f}", held_out=f"{last_eval['tau']:.3f}" if last_eval else "-"
+        )
         if state["step"] % 10 == 0:
-            log({"kind": "train", "step": state["step"], "minutes": state["train_minutes"], "loss": train_loss,
-                 "train_tau": train_tau, "lr": optimizer.param_groups[0]["lr"], "tokens_seen": state["tokens_seen"],
-                 "target_forward_fraction": state.get("target_seconds", 0.0) / max(1e-9, state["train_minutes"] * 60)})
+            log(
+                {
+                    "kind": "train",
+                    "step": state["step"],
+                    "minutes": state["train_minutes"],
+                    "loss": train_loss,
+                    "train_tau": train_tau,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "tokens_seen": state["tokens_seen"],
+                    "target_forward_fraction": state.get("target_seconds", 0.0)
+                    / max(1e-9, state["train_minutes"] * 60),
+                }
+            )
         if state["step"] % config.eval_every == 0:
             last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
             log({"kind": "eval", "step": state["step"], "minutes": state["train_minutes"], **last_eval})
-            logger.info("step %d: held-out tau %.3f, acceptance %s", state["step"], last_eval["tau"],
-                        [round(a, 3) for a in last_eval["position_acceptance"][:4]])
+            logger.info(
+                "step %d: held-out tau %.3f, acceptance %s",
+                state["step"],
+                last_eval["tau"],
+                [round(a, 3) for a in last_eval["position_acceptance"][:4]],
+            )
             _plot(metrics_path, output_dir / "curves.png")
         if state["step"] % config.checkpoint_every == 0 and accelerator.is_main_process:
             state["wall_minutes"] = wall_minutes()
@@ -445,20 +530,32 @@ def train_drafter(config: TrainDrafterConfig, target: PreTrainedModel | None = N
         raw_drafter.to(torch.bfloat16).save_pretrained(final_dir)
     engine = None
     if config.engine_eval_prompts:
-        picks = list(eval_prompts["prompt"])[:: max(1, len(eval_prompts) // config.engine_eval_prompts)][: config.engine_eval_prompts]
+        picks = list(eval_prompts["prompt"])[:: max(1, len(eval_prompts) // config.engine_eval_prompts)][
+            : config.engine_eval_prompts
+        ]
         engine = engine_check(raw_drafter.to(target.dtype), target, tokenizer, picks, config.gen_max_new_tokens)
-        logger.info("engine check: tau %.3f, acceptance %s, %.1f tok/s speculative vs %.1f plain", engine["tau"],
-                    [round(a, 3) for a in engine["position_acceptance"][:4]], engine["spec_tokens_per_s"],
-                    engine["plain_tokens_per_s"])
+        logger.info(
+            "engine check: tau %.3f, acceptance %s, %.1f tok/s speculative vs %.1f plain",
+            engine["tau"],
+            [round(a, 3) for a in engine["position_acceptance"][:4]],
+            engine["spec_tokens_per_s"],
+            engine["plain_tokens_per_s"],
+        )
     if accelerator.is_main_process:
         summary = {
-            "recipe": asdict(config), "mask_token_id": mask_token_id,
-            "target_layer_ids": raw_drafter.config.target_layer_ids, "data_sizes": data_sizes,
-            "data_minutes": data_minutes, "train_minutes": state["train_minutes"], "steps": state["step"],
+            "recipe": asdict(config),
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": raw_drafter.config.target_layer_ids,
+            "data_sizes": data_sizes,
+            "data_minutes": data_minutes,
+            "train_minutes": state["train_minutes"],
+            "steps": state["step"],
             "supervised_tokens_seen": state["tokens_seen"],
             "feature_cache": None if store is None else {"dir": str(store.cache_dir), "tokens": store.num_tokens},
             "wall_minutes": wall_minutes(),  # summed over resumed processes
-            "held_out_teacher_forced": final_eval, "held_out_at_init": start_eval, "engine_check": engine,
+            "held_out_teacher_forced": final_eval,
+            "held_out_at_init": start_eval,
+            "engine_check": engine,
         }
         (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
     return final_dir

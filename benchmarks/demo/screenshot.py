@@ -10,8 +10,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1280,1760")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1760",
+)
 
 
 def main(out: Path) -> None:
@@ -44,8 +53,11 @@ def main(out: Path) -> None:
             prompt.send_keys(EXAMPLES[0])
             browser.find_element(By.ID, "generate").click()
             for side in ("plain-text", "adaflash-text"):
-                wait.until(expected_conditions.presence_of_element_located(
-                    (By.CSS_SELECTOR, f'#{side} .adaflash-text:not([data-finish=""])')))
+                wait.until(
+                    expected_conditions.presence_of_element_located(
+                        (By.CSS_SELECTOR, f'#{side} .adaflash-text:not([data-finish=""])')
+                    )
+                )
             browser.find_element(By.TAG_NAME, "body").click()  # no focus ring on the button
             browser.save_screenshot(str(out))
             print(browser.find_element(By.ID, "adaflash-stats").text)

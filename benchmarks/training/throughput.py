@@ -27,7 +27,9 @@ def machine() -> dict:
     import torch
 
     lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor()
+    )
     flags = next((line for line in lines if line.startswith("flags")), "")
     features = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {f}" in flags]
     return {"cpu": model, "features": features, "cores": torch.get_num_threads(), "torch": torch.__version__}
@@ -35,8 +37,12 @@ def machine() -> dict:
 
 def provenance() -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    return {"machine": machine(), "commit": commit or None, "date": time.strftime("%Y-%m-%d"),
-            "command": "python benchmarks/training/throughput.py " + " ".join(__import__("sys").argv[1:])}
+    return {
+        "machine": machine(),
+        "commit": commit or None,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "python benchmarks/training/throughput.py " + " ".join(__import__("sys").argv[1:]),
+    }
 
 
 def matmul_tflops(size: int = 2048, repeats: int = 5) -> float:
@@ -104,11 +110,18 @@ def main() -> None:
     store.check(args.target, store.layer_ids)
     pad_id = tokenizer.pad_token_id
     torch.manual_seed(0)
-    drafter = AdaFlashDrafter.from_target(target, args.num_layers, args.block_size, target_layer_ids=store.layer_ids,
-                                          mask_token_id=16).float()
+    drafter = AdaFlashDrafter.from_target(
+        target, args.num_layers, args.block_size, target_layer_ids=store.layer_ids, mask_token_id=16
+    ).float()
     sample = [store.training_sequence(i) for i in range(0, len(store), max(1, len(store) // 500))]
-    drafter.set_draft_vocab(most_frequent(response_token_counts(sample), args.draft_vocab_size, drafter.config.vocab_size,
-                                          always=[tokenizer.eos_token_id]))
+    drafter.set_draft_vocab(
+        most_frequent(
+            response_token_counts(sample),
+            args.draft_vocab_size,
+            drafter.config.vocab_size,
+            always=[tokenizer.eos_token_id],
+        )
+    )
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
     weights = position_weights(args.block_size, default_gamma(args.block_size))
     picks = torch.randint(len(store), (args.steps + 3,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -129,12 +142,18 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         supervised = int((out.labels != IGNORE_INDEX).sum())
-        return {"cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall, "feature_cpu_s": feature_cpu,
-                "supervised": supervised, "seq_len": batch.input_ids.shape[1], "blocks": int(valid.sum())}
+        return {
+            "cpu_s": time.process_time() - cpu,
+            "wall_s": time.perf_counter() - wall,
+            "feature_cpu_s": feature_cpu,
+            "supervised": supervised,
+            "seq_len": batch.input_ids.shape[1],
+            "blocks": int(valid.sum()),
+        }
 
     records = {"live": [], "cached": []}
     for n, index in enumerate(picks):
-        for mode in (("live", "cached") if n % 2 == 0 else ("cached", "live")):
+        for mode in ("live", "cached") if n % 2 == 0 else ("cached", "live"):
             record = step(index, mode == "cached")
             if n >= 3:
                 records[mode].append(record)
@@ -143,8 +162,9 @@ def main() -> None:
     rows = {}
     for mode, recs in records.items():
         cpu = sum(r["cpu_s"] for r in recs)
-        flops = sum(step_flops(drafter.config, r["seq_len"], r["blocks"], r["supervised"], args.draft_vocab_size)
-                    for r in recs)
+        flops = sum(
+            step_flops(drafter.config, r["seq_len"], r["blocks"], r["supervised"], args.draft_vocab_size) for r in recs
+        )
         drafter_cpu = sum(r["cpu_s"] - r["feature_cpu_s"] for r in recs)
         rows[mode] = {
             "supervised_per_cpu_s": sum(r["supervised"] for r in recs) / cpu,
@@ -155,16 +175,26 @@ def main() -> None:
         }
     speedup = rows["cached"]["supervised_per_cpu_s"] / rows["live"]["supervised_per_cpu_s"]
     per_core_peak = peak / args.num_threads
-    print(f"| features | supervised predictions / CPU-s | / wall-s | features' share of CPU | drafter TFLOP/s per core "
-          f"(peak {per_core_peak:.3f}) |")
+    print(
+        f"| features | supervised predictions / CPU-s | / wall-s | features' share of CPU | drafter TFLOP/s per core "
+        f"(peak {per_core_peak:.3f}) |"
+    )
     print("|---|---|---|---|---|")
     for mode, row in rows.items():
-        print(f"| {mode} | {row['supervised_per_cpu_s']:.0f} | {row['supervised_per_wall_s']:.0f} | "
-              f"{row['feature_share']:.0%} | {row['drafter_tflops_per_core']:.3f} "
-              f"({row['drafter_tflops_per_core'] / per_core_peak:.0%}) |")
+        print(
+            f"| {mode} | {row['supervised_per_cpu_s']:.0f} | {row['supervised_per_wall_s']:.0f} | "
+            f"{row['feature_share']:.0%} | {row['drafter_tflops_per_core']:.3f} "
+            f"({row['drafter_tflops_per_core'] / per_core_peak:.0%}) |"
+        )
     print(f"cached / live: {speedup:.2f}x supervised predictions per CPU-second")
-    result = {"provenance": provenance(), "recipe": vars(args), "matmul_bf16_tflops": peak, "cached_over_live": speedup,
-              "modes": rows, "cache": {"tokens": store.num_tokens, "bytes": store.size_bytes}}
+    result = {
+        "provenance": provenance(),
+        "recipe": vars(args),
+        "matmul_bf16_tflops": peak,
+        "cached_over_live": speedup,
+        "modes": rows,
+        "cache": {"tokens": store.num_tokens, "bytes": store.size_bytes},
+    }
     Path(args.output).write_text(json.dumps(result, indent=1))
 
 

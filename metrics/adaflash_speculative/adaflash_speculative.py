@@ -55,23 +55,27 @@ Examples:
 _CITATION = ""
 
 FEATURES = {
-    "default": datasets.Features({
-        "accept_lengths": datasets.Sequence(datasets.Value("int64")),
-        "verify_lens": datasets.Sequence(datasets.Value("int64")),
-        "spec_tokens_per_second": datasets.Value("float64"),
-        "plain_tokens_per_second": datasets.Value("float64"),
-        "spec_ids": datasets.Sequence(datasets.Value("int64")),
-        "plain_ids": datasets.Sequence(datasets.Value("int64")),
-    }),
-    "bench": datasets.Features({  # field names of adaflash_hf.bench's records
-        "method": datasets.Value("string"),
-        "prompt": datasets.Value("int64"),
-        "new_tokens": datasets.Value("int64"),
-        "seconds": datasets.Value("float64"),
-        "forwards": datasets.Value("int64"),
-        "drafts": datasets.Value("int64"),
-        "same": datasets.Value("bool"),
-    }),
+    "default": datasets.Features(
+        {
+            "accept_lengths": datasets.Sequence(datasets.Value("int64")),
+            "verify_lens": datasets.Sequence(datasets.Value("int64")),
+            "spec_tokens_per_second": datasets.Value("float64"),
+            "plain_tokens_per_second": datasets.Value("float64"),
+            "spec_ids": datasets.Sequence(datasets.Value("int64")),
+            "plain_ids": datasets.Sequence(datasets.Value("int64")),
+        }
+    ),
+    "bench": datasets.Features(
+        {  # field names of adaflash_hf.bench's records
+            "method": datasets.Value("string"),
+            "prompt": datasets.Value("int64"),
+            "new_tokens": datasets.Value("int64"),
+            "seconds": datasets.Value("float64"),
+            "forwards": datasets.Value("int64"),
+            "drafts": datasets.Value("int64"),
+            "same": datasets.Value("bool"),
+        }
+    ),
 }
 PLAIN_METHOD = "target"  # adaflash bench's plain-decoding method
 
@@ -80,8 +84,10 @@ PLAIN_METHOD = "target"  # adaflash bench's plain-decoding method
 class AdaflashSpeculative(evaluate.Metric):
     def _info(self):
         if self.config_name not in FEATURES:
-            raise ValueError(f"unknown config {self.config_name!r}: use one of {sorted(FEATURES)} "
-                             "(default: engine rounds and token ids; bench: adaflash bench JSON records).")
+            raise ValueError(
+                f"unknown config {self.config_name!r}: use one of {sorted(FEATURES)} "
+                "(default: engine rounds and token ids; bench: adaflash bench JSON records)."
+            )
         return evaluate.MetricInfo(
             description=_DESCRIPTION,
             citation=_CITATION,
@@ -96,12 +102,16 @@ class AdaflashSpeculative(evaluate.Metric):
         return round_scores(**inputs)
 
 
-def round_scores(accept_lengths, verify_lens, spec_tokens_per_second, plain_tokens_per_second, spec_ids, plain_ids) -> dict:
+def round_scores(
+    accept_lengths, verify_lens, spec_tokens_per_second, plain_tokens_per_second, spec_ids, plain_ids
+) -> dict:
     """Config "default": pooled over generations and their rounds."""
     for i, (accepted, verified) in enumerate(zip(accept_lengths, verify_lens)):
         if len(accepted) != len(verified) or any(not 0 <= a < v for a, v in zip(accepted, verified)):
-            raise ValueError(f"generation {i}: accept_lengths {accepted} and verify_lens {verified} must pair up round by "
-                             "round, with 0 <= accepted < verified (verified counts the anchor).")
+            raise ValueError(
+                f"generation {i}: accept_lengths {accepted} and verify_lens {verified} must pair up round by "
+                "round, with 0 <= accepted < verified (verified counts the anchor)."
+            )
     if any(not r > 0 for r in [*spec_tokens_per_second, *plain_tokens_per_second]):
         raise ValueError("tokens per second must be > 0 for every generation.")
     rounds = sum(len(a) for a in accept_lengths)
@@ -113,22 +123,32 @@ def round_scores(accept_lengths, verify_lens, spec_tokens_per_second, plain_toke
     return {
         "tau": (accepted + rounds) / rounds if rounds else None,
         "accept_rate": accepted / drafts if drafts else None,
-        "speedup": (spec_tokens / spec_seconds) / (plain_tokens / plain_seconds) if spec_seconds and plain_seconds else None,
-        "exact_match": sum(list(s) == list(p) for s, p in zip(spec_ids, plain_ids)) / len(spec_ids) if spec_ids else None,
+        "speedup": (spec_tokens / spec_seconds) / (plain_tokens / plain_seconds)
+        if spec_seconds and plain_seconds
+        else None,
+        "exact_match": sum(list(s) == list(p) for s, p in zip(spec_ids, plain_ids)) / len(spec_ids)
+        if spec_ids
+        else None,
     }
 
 
 def bench_scores(method, prompt, new_tokens, seconds, forwards, drafts, same, spec_method="adaflash") -> dict:
     """Config "bench": ``spec_method``'s records against the ``"target"`` record of the same prompt."""
-    records = [dict(zip(("method", "prompt", "new_tokens", "seconds", "forwards", "drafts", "same"), r))
-               for r in zip(method, prompt, new_tokens, seconds, forwards, drafts, same)]
+    records = [
+        dict(zip(("method", "prompt", "new_tokens", "seconds", "forwards", "drafts", "same"), r))
+        for r in zip(method, prompt, new_tokens, seconds, forwards, drafts, same)
+    ]
     plain = {r["prompt"]: r for r in records if r["method"] == PLAIN_METHOD}
     spec = [r for r in records if r["method"] == spec_method]
     if not spec:
-        raise ValueError(f"no records of method {spec_method!r}; methods present: {sorted({r['method'] for r in records})}.")
+        raise ValueError(
+            f"no records of method {spec_method!r}; methods present: {sorted({r['method'] for r in records})}."
+        )
     missing = sorted({r["prompt"] for r in spec} - set(plain))
     if missing:
-        raise ValueError(f"prompts {missing[:8]} have no {PLAIN_METHOD!r} record to compare with: pass every method's records.")
+        raise ValueError(
+            f"prompts {missing[:8]} have no {PLAIN_METHOD!r} record to compare with: pass every method's records."
+        )
     paired = [plain[r["prompt"]] for r in spec]
     tokens, total_forwards, total_drafts = (sum(r[k] for r in spec) for k in ("new_tokens", "forwards", "drafts"))
     spec_speed = tokens / sum(r["seconds"] for r in spec)

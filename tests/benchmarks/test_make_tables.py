@@ -45,8 +45,9 @@ def test_markers_are_replaced_and_the_rest_is_kept(make_tables, tmp_path):
 
 
 def test_a_second_run_changes_nothing_and_check_passes(make_tables, tmp_path):
-    path = write(tmp_path, "<!-- table: batch1_smollm2 -->\n<!-- /table -->\n\n<!-- table: verify_cost -->"
-                           "<!-- /table -->\n")
+    path = write(
+        tmp_path, "<!-- table: batch1_smollm2 -->\n<!-- /table -->\n\n<!-- table: verify_cost --><!-- /table -->\n"
+    )
     assert make_tables.main(["--root", str(tmp_path), "--check"]) == 1  # stale before the first run
     assert make_tables.main(["--root", str(tmp_path)]) == 0
     once = path.read_text()

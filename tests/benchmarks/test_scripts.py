@@ -30,9 +30,12 @@ def test_the_script_imports_without_side_effects(path: Path):
     assert module.__doc__, f"{path} opens with no docstring saying what it owns"
 
 
-@pytest.mark.parametrize("path", [p for p in SCRIPTS if p.name != "__init__.py"],
-                         ids=[str(p.relative_to(BENCHMARKS)) for p in SCRIPTS if p.name != "__init__.py"])
+@pytest.mark.parametrize(
+    "path",
+    [p for p in SCRIPTS if p.name != "__init__.py"],
+    ids=[str(p.relative_to(BENCHMARKS)) for p in SCRIPTS if p.name != "__init__.py"],
+)
 def test_the_script_runs_only_under_a_main_guard(path: Path):
     tree = ast.parse(path.read_text())
     guards = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
-    assert guards, f"{path} has no `if __name__ == \"__main__\":` guard"
+    assert guards, f'{path} has no `if __name__ == "__main__":` guard'

@@ -27,8 +27,10 @@ from transformers import PreTrainedTokenizerFast
 from adaflash_hf.serving.scheduler import QueueFull, RequestParams, ShuttingDown, TokenEvent
 
 REPLY = "Hello, wörld! Ça va? 你好，世界。 Emoji: 🙂🚀🎉 done."
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 CHUNK_SIZES = (2, 1, 3)
 
 
@@ -37,8 +39,12 @@ def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     backend.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHATML
@@ -55,9 +61,18 @@ def tiny_chat_models(tokenizer: PreTrainedTokenizerFast | None = None, num_layer
 
     tokenizer = tokenizer or tiny_chat_tokenizer()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
     target = LlamaForCausalLM(config).eval()
     target.generation_config.eos_token_id = tokenizer.eos_token_id
     target.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -91,9 +106,14 @@ class FakeStream:
     @property
     def metrics(self) -> dict:
         end = self._done_at or time.perf_counter()
-        return {"queue_wait_s": 0.0, "ttft_s": None if self._first_token is None else self._first_token - self._submitted,
-                "latency_s": end - self._submitted, "num_tokens": self._sent, "rounds": self._events,
-                "mean_accepted_length": self._sent / self._events if self._events else None}
+        return {
+            "queue_wait_s": 0.0,
+            "ttft_s": None if self._first_token is None else self._first_token - self._submitted,
+            "latency_s": end - self._submitted,
+            "num_tokens": self._sent,
+            "rounds": self._events,
+            "mean_accepted_length": self._sent / self._events if self._events else None,
+        }
 
     def __aiter__(self):
         return self
@@ -114,11 +134,11 @@ class FakeStream:
         if self._scheduler.fail_after is not None and self._events >= self._scheduler.fail_after:
             return TokenEvent([], "error", "RuntimeError: injected engine failure")
         budget = self.params.max_new_tokens - self._sent
-        tokens = self._tokens[self._sent:self._sent + min(next(self._chunks), budget)]
+        tokens = self._tokens[self._sent : self._sent + min(next(self._chunks), budget)]
         finish_reason = None
         for i, token in enumerate(tokens):
             if token in self._stop_ids:
-                tokens, finish_reason = tokens[:i + 1], "stop"
+                tokens, finish_reason = tokens[: i + 1], "stop"
                 break
         self._sent += len(tokens)
         self._events += 1
@@ -166,8 +186,10 @@ class FakeScheduler:
         if not all(0 <= t < len(self.tokenizer) for t in prompt_ids):
             raise ValueError(f"prompt token ids are outside the vocabulary (0..{len(self.tokenizer) - 1}).")
         if len(prompt_ids) + params.max_new_tokens > self.max_context:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens and asks for {params.max_new_tokens} more, past "
-                             f"this model's context of {self.max_context} tokens: shorten the prompt or lower max_tokens.")
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens and asks for {params.max_new_tokens} more, past "
+                f"this model's context of {self.max_context} tokens: shorten the prompt or lower max_tokens."
+            )
         if self.reject is not None:
             raise ValueError(self.reject)
         if not self.running:
@@ -183,5 +205,9 @@ class FakeScheduler:
         return {"batch_size": 0, "round_tokens": {}, "drafts": {}}
 
     def status(self) -> dict:
-        return {"running": self.running, "queued": 0, "active": 0, "counters": {"submitted": len(self.submitted),
-                                                                                "cancelled": len(self.cancelled)}}
+        return {
+            "running": self.running,
+            "queued": 0,
+            "active": 0,
+            "counters": {"submitted": len(self.submitted), "cancelled": len(self.cancelled)},
+        }

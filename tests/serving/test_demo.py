@@ -42,8 +42,12 @@ class FakeOPD:
     """The on-policy distillation worker's ``status()`` contract, with fixed values."""
 
     def status(self) -> dict:
-        return {"adapter_version": 7, "requests": 40, "running": True,
-                "tau_history": [{"requests": 20, "tau": 1.75}, {"requests": 40, "tau": 2.25}]}
+        return {
+            "adapter_version": 7,
+            "requests": 40,
+            "running": True,
+            "tau_history": [{"requests": 20, "tau": 1.75}, {"requests": 40, "tau": 2.25}],
+        }
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def stack():
 
 def greedy_reference(target, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     out = target.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def run_race(stack, prompt: str, max_new_tokens: int, verify_policy=None):
@@ -71,11 +75,15 @@ def run_race(stack, prompt: str, max_new_tokens: int, verify_policy=None):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_both_sides_reproduce_the_targets_greedy_output(stack, prompt, policy):
     target, _, tokenizer = stack
-    prompt_ids, progress, frames = run_race(stack, prompt, 40, FixedVerifyLength() if policy == "whole-proposal" else None)
+    prompt_ids, progress, frames = run_race(
+        stack, prompt, 40, FixedVerifyLength() if policy == "whole-proposal" else None
+    )
     reference = greedy_reference(target, prompt_ids, 40)
     assert progress.plain.tokens == reference
     assert progress.adaflash.tokens == reference
-    assert progress.plain.finish_reason == progress.adaflash.finish_reason == ("stop" if len(reference) < 40 else "length")
+    assert (
+        progress.plain.finish_reason == progress.adaflash.finish_reason == ("stop" if len(reference) < 40 else "length")
+    )
     # the sides take turns: both grow while neither is finished, and frames never lose tokens
     assert any(0 < plain < len(reference) and 0 < ada < len(reference) for plain, ada, _ in frames)
     assert all(a <= b for (a, _, _), (b, _, _) in zip(frames, frames[1:]))
@@ -127,8 +135,9 @@ def test_rendered_race_shows_colours_stats_and_escapes_text(stack):
         spans_cover(token_spans(tokenizer, side.tokens, side.sources), side.tokens, side.sources, tokenizer)
     page = text_html(progress.adaflash, tokenizer)
     assert f'data-finish="{progress.adaflash.finish_reason}"' in page and 'data-source="suffix"' in page
-    markup = SimpleNamespace(name="plain", tokens=tokenizer.encode("<b>x & y</b>", add_special_tokens=False),
-                             finish_reason=None)
+    markup = SimpleNamespace(
+        name="plain", tokens=tokenizer.encode("<b>x & y</b>", add_special_tokens=False), finish_reason=None
+    )
     markup.sources = [TARGET] * len(markup.tokens)
     assert "&lt;b&gt;x &amp; y&lt;/b&gt;" in text_html(markup, tokenizer) and "<b>" not in text_html(markup, tokenizer)
     stats = stats_html(progress)
@@ -137,7 +146,10 @@ def test_rendered_race_shows_colours_stats_and_escapes_text(stack):
     assert progress.plain.seconds > 0 and progress.adaflash.seconds > 0
     assert "Identical output: ✓" in stats and progress.first_difference is None
     bars = verify_lens_html(progress.adaflash, "the goodput policy")
-    assert f'data-rounds="{progress.adaflash.stats.num_rounds}"' in bars and bars.count("<div title=") == progress.adaflash.stats.num_rounds
+    assert (
+        f'data-rounds="{progress.adaflash.stats.num_rounds}"' in bars
+        and bars.count("<div title=") == progress.adaflash.stats.num_rounds
+    )
     progress.adaflash.tokens[5] += 1  # as when a bf16 near-tie rounds differently in verification
     assert progress.first_difference == 5
     assert "part at token 5" in stats_html(progress) and "--dtype fp32" in stats_html(progress)

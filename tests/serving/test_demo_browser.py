@@ -21,9 +21,17 @@ from adaflash_hf.prompting import chat_prompt_ids
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 # the closed network makes Chromium's background services hang without the last four flags
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,1500")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1500",
+)
 PROMPT = "Hello world, hello there."
 MAX_NEW_TOKENS = 40
 
@@ -32,8 +40,10 @@ def require_browser() -> None:
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     missing += [m for m in ("selenium", "gradio") if importlib.util.find_spec(m) is None]
     if missing:
-        message = (f"the browser test needs {', '.join(missing)}: apt-get install -y chromium chromium-driver && "
-                   "pip install -e '.[dev]'")
+        message = (
+            f"the browser test needs {', '.join(missing)}: apt-get install -y chromium chromium-driver && "
+            "pip install -e '.[dev]'"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -100,10 +110,15 @@ def test_the_page_streams_both_sides_to_the_same_text(page, browser, tmp_path):
     adaflash = browser.find_element(By.CSS_SELECTOR, "#adaflash-text .adaflash-text")
 
     prompt_ids = chat_prompt_ids(tokenizer, PROMPT)
-    reference = target.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)[0, len(prompt_ids):]
+    reference = target.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)[
+        0, len(prompt_ids) :
+    ]
     assert plain.get_attribute("data-tokens") == adaflash.get_attribute("data-tokens") == str(len(reference))
-    assert plain.get_attribute("textContent") == adaflash.get_attribute("textContent") == tokenizer.decode(
-        reference, skip_special_tokens=True)
+    assert (
+        plain.get_attribute("textContent")
+        == adaflash.get_attribute("textContent")
+        == tokenizer.decode(reference, skip_special_tokens=True)
+    )
     assert adaflash.find_elements(By.CSS_SELECTOR, "span[data-source]")  # coloured spans
 
     stats = browser.find_element(By.ID, "adaflash-stats").text

@@ -36,8 +36,11 @@ def samples(url: str) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} of a /metrics scrape."""
     response = httpx.get(f"{url}/metrics", timeout=10)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +54,25 @@ def keyed():
 # API key
 
 
-@pytest.mark.parametrize("headers, message", [
-    ({}, "Missing API key"),
-    ({"Authorization": "Bearer wrong"}, "Incorrect API key provided"),
-    ({"Authorization": KEY}, "Incorrect API key provided"),  # no scheme
-    ({"Authorization": f"Basic {KEY}"}, "Incorrect API key provided"),
-])
-@pytest.mark.parametrize("method, path", [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                                          ("GET", "/v1/models"), ("GET", "/v1/status"), ("GET", "/v1/nothing-here")])
+@pytest.mark.parametrize(
+    "headers, message",
+    [
+        ({}, "Missing API key"),
+        ({"Authorization": "Bearer wrong"}, "Incorrect API key provided"),
+        ({"Authorization": KEY}, "Incorrect API key provided"),  # no scheme
+        ({"Authorization": f"Basic {KEY}"}, "Incorrect API key provided"),
+    ],
+)
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/models"),
+        ("GET", "/v1/status"),
+        ("GET", "/v1/nothing-here"),
+    ],
+)
 def test_every_v1_route_needs_the_key(keyed, headers, message, method, path):
     url, _ = keyed
     response = httpx.request(method, f"{url}{path}", headers=headers, content=b"{not json", timeout=10)
@@ -96,11 +110,14 @@ def test_key_comparison_and_the_warning_for_an_exposed_server(caplog, monkeypatc
         ServeArgs(api_key=" ")
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("request_timeout", 0, "--request-timeout 0: must be a number of seconds > 0"),
-    ("request_timeout", float("inf"), "--request-timeout inf: must be a number of seconds > 0"),
-    ("drain_timeout", -1, "--drain-timeout -1: must be a number of seconds >= 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("request_timeout", 0, "--request-timeout 0: must be a number of seconds > 0"),
+        ("request_timeout", float("inf"), "--request-timeout inf: must be a number of seconds > 0"),
+        ("drain_timeout", -1, "--drain-timeout -1: must be a number of seconds >= 0"),
+    ],
+)
 def test_serve_args_refuse_bad_deadlines(field, value, message):
     with pytest.raises(ValueError, match=message):
         ServeArgs(**{field: value})
@@ -131,8 +148,11 @@ def test_metrics_count_requests_tokens_and_timings(keyed):
     assert delta("adaflash_requests_total", outcome="rate_limited") == 1
     assert delta("adaflash_prompt_tokens_total") == 2 * out.usage.prompt_tokens
     assert delta("adaflash_generation_tokens_total") == 2 * out.usage.completion_tokens
-    for histogram in ("adaflash_request_latency_seconds", "adaflash_time_to_first_token_seconds",
-                      "adaflash_time_per_output_token_seconds"):
+    for histogram in (
+        "adaflash_request_latency_seconds",
+        "adaflash_time_to_first_token_seconds",
+        "adaflash_time_per_output_token_seconds",
+    ):
         assert delta(f"{histogram}_count") == 2 and delta(f"{histogram}_sum") > 0
     for gauge in ("adaflash_requests_running", "adaflash_requests_waiting", "adaflash_batch_size"):
         assert (gauge, ()) in after
@@ -205,8 +225,12 @@ def test_the_first_signal_drains_and_the_second_exits_at_once():
 def test_the_deadline_is_the_request_timeout_capped_by_the_server_default(keyed, sent, used):
     url, scheduler = keyed
     body = completion() if sent is None else completion(timeout=sent)
-    assert httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                      timeout=10).status_code == 200
+    assert (
+        httpx.post(
+            f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+        ).status_code
+        == 200
+    )
     assert scheduler.submitted[-1][1].timeout == used
 
 

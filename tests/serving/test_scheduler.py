@@ -42,7 +42,7 @@ def test_concurrent_requests_joining_mid_generation_equal_the_target(scheduler, 
 
     results = asyncio.run(main())
     for i, ((tokens, reason), metrics) in enumerate(results):
-        reference = greedy_reference(target, prompts[i], budgets[i])[len(prompts[i]):]
+        reference = greedy_reference(target, prompts[i], budgets[i])[len(prompts[i]) :]
         assert tokens == reference, f"request {i}"
         assert reason == ("stop" if reference[-1] == EOS else "length")
         assert metrics["num_tokens"] == len(tokens) and metrics["ttft_s"] is not None
@@ -56,9 +56,15 @@ def test_without_a_drafter_requests_still_equal_the_target(target, mode):
     from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
 
     drafting = DraftingConfig(drafter=False)
-    scheduler = Scheduler(target, None, tokenizer=None, config=SchedulerConfig(max_batch_size=2, calibrate=False),
-                          drafting=drafting, drafting_state=DraftingState(drafting),
-                          verify_policy=FixedVerifyLength(1) if mode == "plain" else None)
+    scheduler = Scheduler(
+        target,
+        None,
+        tokenizer=None,
+        config=SchedulerConfig(max_batch_size=2, calibrate=False),
+        drafting=drafting,
+        drafting_state=DraftingState(drafting),
+        verify_policy=FixedVerifyLength(1) if mode == "plain" else None,
+    )
     scheduler.start()
     prompts = random_prompts([4, 9, 6, 5], seed=13)
 
@@ -74,7 +80,7 @@ def test_without_a_drafter_requests_still_equal_the_target(target, mode):
     finally:
         scheduler.stop()
     for i, (tokens, _) in enumerate(results):
-        assert tokens == greedy_reference(target, prompts[i], 10 + i)[len(prompts[i]):], f"request {i}"
+        assert tokens == greedy_reference(target, prompts[i], 10 + i)[len(prompts[i]) :], f"request {i}"
     if mode == "plain":
         assert scheduler.status()["mean_accepted_length"] == 1.0
 
@@ -96,7 +102,7 @@ def test_cancel_mid_stream_frees_the_row(scheduler, target):
 
     reason, (tokens, _) = asyncio.run(main())
     assert reason == "cancelled"
-    assert tokens == greedy_reference(target, prompts[1], 12)[len(prompts[1]):]
+    assert tokens == greedy_reference(target, prompts[1], 12)[len(prompts[1]) :]
     assert scheduler.status()["counters"]["cancelled"] == 1
 
 
@@ -104,6 +110,7 @@ def test_full_queue_raises_with_a_retry_hint(target, drafter):
     scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=1, max_queue=2))
     scheduler.start()
     try:
+
         async def main():
             streams = []
             with pytest.raises(QueueFull) as info:
@@ -120,11 +127,14 @@ def test_full_queue_raises_with_a_retry_hint(target, drafter):
         scheduler.stop()
 
 
-@pytest.mark.parametrize("prompt, params, message", [
-    ([], dict(max_new_tokens=4), "prompt is empty"),
-    ([5, 999], dict(max_new_tokens=4), "outside the vocabulary"),
-    ([5] * 500, dict(max_new_tokens=100), "context of 512 tokens"),
-])
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ([], dict(max_new_tokens=4), "prompt is empty"),
+        ([5, 999], dict(max_new_tokens=4), "outside the vocabulary"),
+        ([5] * 500, dict(max_new_tokens=100), "context of 512 tokens"),
+    ],
+)
 def test_bad_requests_are_refused_clearly(scheduler, prompt, params, message):
     async def main():
         scheduler.submit(prompt, RequestParams(**params))
@@ -133,11 +143,14 @@ def test_bad_requests_are_refused_clearly(scheduler, prompt, params, message):
         asyncio.run(main())
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=4, temperature=-1), "temperature"),
-    (dict(max_new_tokens=4, temperature=1, top_p=1.5), "top_p"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=4, temperature=-1), "temperature"),
+        (dict(max_new_tokens=4, temperature=1, top_p=1.5), "top_p"),
+    ],
+)
 def test_bad_parameters_are_refused_clearly(params, message):
     with pytest.raises(ValueError, match=message):
         RequestParams(**params)
@@ -163,7 +176,7 @@ def test_the_server_keeps_serving_after_a_failed_round(scheduler, target, monkey
 
     (_, first_reason), (tokens, _) = asyncio.run(main())
     assert first_reason == "error" and "injected failure" in scheduler.status()["last_error"]
-    assert tokens == greedy_reference(target, prompts[1], 10)[len(prompts[1]):]
+    assert tokens == greedy_reference(target, prompts[1], 10)[len(prompts[1]) :]
 
 
 def test_memory_stays_flat_over_500_requests():
@@ -180,8 +193,14 @@ def test_memory_stays_flat_over_500_requests():
     target = tiny_target("llama")
     drafter = AdaFlashDrafter.from_target(target, num_layers=2, block_size=5).eval()
     drafting = DraftingConfig(global_max_tokens=500)
-    scheduler = Scheduler(target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=16, calibrate=False),
-                          drafting=drafting, drafting_state=DraftingState(drafting))
+    scheduler = Scheduler(
+        target,
+        drafter,
+        tokenizer=None,
+        config=SchedulerConfig(max_batch_size=16, calibrate=False),
+        drafting=drafting,
+        drafting_state=DraftingState(drafting),
+    )
     scheduler.start()
     prompts = random_prompts([5 + i % 7 for i in range(500)], seed=17)
 
@@ -263,7 +282,7 @@ def test_the_engine_runs_in_the_calling_thread_until_stopped_from_another(target
 
     assert torch.is_grad_enabled()  # the engine's no-grad mode ended with run()
     for prompt, (tokens, _) in zip(prompts, results):
-        assert tokens == greedy_reference(target, prompt, 9)[len(prompt):]
+        assert tokens == greedy_reference(target, prompt, 9)[len(prompt) :]
     assert not scheduler.status()["running"]
     again = serve_while(scheduler, client)  # a stopped scheduler runs again
     assert [t for t, _ in again] == [t for t, _ in results]
@@ -271,7 +290,9 @@ def test_the_engine_runs_in_the_calling_thread_until_stopped_from_another(target
     async def failing():
         raise ValueError("client broke")
 
-    with pytest.raises(ValueError, match="client broke"):  # the client's error reaches the engine's thread; the engine stops
+    with pytest.raises(
+        ValueError, match="client broke"
+    ):  # the client's error reaches the engine's thread; the engine stops
         serve_while(scheduler, failing)
     assert not scheduler.status()["running"]
 
@@ -302,8 +323,9 @@ def llama_scheduler():
     """One architecture is enough for admission, drain and deadline logic: the engine rounds are the same."""
     target = tiny_target("llama")
     drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
-    scheduler = Scheduler(target, drafter, tokenizer=None,
-                          config=SchedulerConfig(max_batch_size=1, max_queue=8, calibrate=False))
+    scheduler = Scheduler(
+        target, drafter, tokenizer=None, config=SchedulerConfig(max_batch_size=1, max_queue=8, calibrate=False)
+    )
     scheduler.start()
     assert scheduler.wait_until_running(30)
     yield scheduler, target
@@ -326,7 +348,7 @@ def test_drain_finishes_the_accepted_requests_refuses_new_ones_and_ends_the_loop
 
     results = asyncio.run(main())
     for prompt, (tokens, reason) in zip(prompts, results):
-        assert reason == "length" and tokens == greedy_reference(target, prompt, 16)[len(prompt):]
+        assert reason == "length" and tokens == greedy_reference(target, prompt, 16)[len(prompt) :]
     assert scheduler._stopped.wait(10), "the engine loop ended once drained"
     status = scheduler.status()
     assert not status["running"] and status["draining"] and status["counters"]["rejected_shutting_down"] == 1

@@ -88,7 +88,7 @@ def test_incremental_detokenizer_joins_to_full_decode(chunk):
     ids = tokenizer.encode(REPLY, add_special_tokens=False) + [tokenizer.eos_token_id]
     for end in range(1, len(ids) + 1):  # every cut, including ones inside a character
         detokenizer = IncrementalDetokenizer(tokenizer)
-        deltas = [detokenizer.add(ids[i:min(i + chunk, end)]) for i in range(0, end, chunk)] + [detokenizer.flush()]
+        deltas = [detokenizer.add(ids[i : min(i + chunk, end)]) for i in range(0, end, chunk)] + [detokenizer.flush()]
         assert "".join(deltas) == tokenizer.decode(ids[:end], skip_special_tokens=True)
         assert all("\ufffd" not in d for d in deltas[:-1]), "incomplete characters are held back"
 
@@ -122,10 +122,19 @@ def test_server_module_imports_without_web_stack(module):
 
     server = importlib.import_module(module)
     tree = ast.parse(Path(server.__file__).read_text())
-    top_level = [n.module if isinstance(n, ast.ImportFrom) else a.name for n in tree.body
-                 if isinstance(n, ast.Import | ast.ImportFrom) for a in (n.names if isinstance(n, ast.Import) else [n])]
-    assert top_level and not [m for m in top_level if m and m.split(".")[0] in
-                              {"fastapi", "uvicorn", "starlette", "pydantic", "jinja2", "torch", "transformers", "protocol", "scheduler"}]
+    top_level = [
+        n.module if isinstance(n, ast.ImportFrom) else a.name
+        for n in tree.body
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    ]
+    assert top_level and not [
+        m
+        for m in top_level
+        if m
+        and m.split(".")[0]
+        in {"fastapi", "uvicorn", "starlette", "pydantic", "jinja2", "torch", "transformers", "protocol", "scheduler"}
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,9 +151,15 @@ def test_models_health_status(served):
 
 def test_health_is_503_until_the_engine_takes_requests():
     scheduler = FakeScheduler(tiny_chat_tokenizer(), model_name=MODEL, max_context=128)
-    with ServerThread(create_app(scheduler, manage_scheduler=False)) as url:  # as `adaflash serve`: the engine starts later
+    with ServerThread(
+        create_app(scheduler, manage_scheduler=False)
+    ) as url:  # as `adaflash serve`: the engine starts later
         response = httpx.get(f"{url}/health")
-        assert response.status_code == 503 and response.json()["status"] == "unavailable" and response.headers["retry-after"] == "1"
+        assert (
+            response.status_code == 503
+            and response.json()["status"] == "unavailable"
+            and response.headers["retry-after"] == "1"
+        )
         scheduler.start()
         assert httpx.get(f"{url}/health").json() == {"status": "ok"}
         scheduler.stop()
@@ -153,8 +168,17 @@ def test_health_is_503_until_the_engine_takes_requests():
 
 def test_completion(served):
     tokenizer = served.scheduler.tokenizer
-    out = served.client().completions.create(model=MODEL, prompt="Hi there", max_tokens=100, temperature=0, seed=3,
-                                             top_p=0.9, user="alice", n=1, presence_penalty=0)
+    out = served.client().completions.create(
+        model=MODEL,
+        prompt="Hi there",
+        max_tokens=100,
+        temperature=0,
+        seed=3,
+        top_p=0.9,
+        user="alice",
+        n=1,
+        presence_penalty=0,
+    )
     assert out.object == "text_completion" and out.model == MODEL and out.id.startswith("cmpl-")
     assert out.choices[0].text == REPLY and out.choices[0].finish_reason == "stop"
     prompt_ids, params = served.scheduler.submitted[-1]
@@ -162,7 +186,10 @@ def test_completion(served):
     assert (params.max_new_tokens, params.temperature, params.top_p, params.seed) == (100, 0.0, 0.9, 3)
     reply_tokens = len(served.scheduler.reply_ids)
     assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
-        len(prompt_ids), reply_tokens, len(prompt_ids) + reply_tokens)
+        len(prompt_ids),
+        reply_tokens,
+        len(prompt_ids) + reply_tokens,
+    )
     assert out.model_extra["adaflash"]["num_tokens"] == reply_tokens
 
 
@@ -176,14 +203,20 @@ def test_completion_defaults(served):
 
 def test_chat_completion(served):
     tokenizer = served.scheduler.tokenizer
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hello"}]}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hello"}]},
+    ]
     out = served.client().chat.completions.create(model=MODEL, messages=messages, temperature=0)
     assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
     assert out.choices[0].message.role == "assistant" and out.choices[0].message.content == REPLY
     assert out.choices[0].finish_reason == "stop"
-    expected = tokenizer.apply_chat_template([messages[0], {"role": "user", "content": "Say hello"}],
-                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    expected = tokenizer.apply_chat_template(
+        [messages[0], {"role": "user", "content": "Say hello"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
     prompt_ids, params = served.scheduler.submitted[-1]
     assert prompt_ids == expected
     assert params.max_new_tokens == 128 - len(expected), "chat defaults to the rest of the context"
@@ -198,8 +231,11 @@ def stream_completion(client, **kwargs) -> tuple[str, list]:
 
 
 def stream_chat(client, **kwargs) -> tuple[str, list]:
-    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True,
-                                                 temperature=0, **kwargs))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True, temperature=0, **kwargs
+        )
+    )
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
 
 
@@ -233,21 +269,26 @@ def test_concurrent_streams(served):
 
     async def main():
         client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+
         async def one(i):
             chunks = await client.completions.create(model=MODEL, prompt=f"Hi {i}", max_tokens=100, stream=True)
             return "".join([c.choices[0].text async for c in chunks])
+
         return await asyncio.gather(*(one(i) for i in range(8)))
 
     assert asyncio.run(main()) == [REPLY] * 8
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("stop, expected", [
-    ("世界", REPLY[:REPLY.index("世界")]),
-    (["done", "wö"], REPLY[:REPLY.index("wö")]),  # the earliest match wins
-    ("🚀🎉", REPLY[:REPLY.index("🚀🎉")]),  # spans tokens that split characters
-    (["va?X", "Emoji: 🙂🚀🎉 done.!"], REPLY),  # partial matches are held back, then released
-])
+@pytest.mark.parametrize(
+    "stop, expected",
+    [
+        ("世界", REPLY[: REPLY.index("世界")]),
+        (["done", "wö"], REPLY[: REPLY.index("wö")]),  # the earliest match wins
+        ("🚀🎉", REPLY[: REPLY.index("🚀🎉")]),  # spans tokens that split characters
+        (["va?X", "Emoji: 🙂🚀🎉 done.!"], REPLY),  # partial matches are held back, then released
+    ],
+)
 def test_stop_strings(served, stream, stop, expected):
     client, fake = served.client(), served.scheduler
     if stream:
@@ -275,44 +316,143 @@ def chat(**fields) -> dict:
 
 BAD_REQUESTS = [  # (path, body, status, message, param)
     ("/v1/completions", completion(foo=1), 400, "Unrecognized request argument supplied: foo", "foo"),
-    ("/v1/completions", completion(stream=True, stream_options={"usage": True}), 400,
-     "Unrecognized request argument supplied: stream_options.usage", "stream_options.usage"),
-    ("/v1/completions", completion(max_tokens=-1), 400, "max_tokens: Input should be greater than or equal to 1", "max_tokens"),
-    ("/v1/completions", completion(max_tokens=0), 400, "max_tokens: Input should be greater than or equal to 1", "max_tokens"),
+    (
+        "/v1/completions",
+        completion(stream=True, stream_options={"usage": True}),
+        400,
+        "Unrecognized request argument supplied: stream_options.usage",
+        "stream_options.usage",
+    ),
+    (
+        "/v1/completions",
+        completion(max_tokens=-1),
+        400,
+        "max_tokens: Input should be greater than or equal to 1",
+        "max_tokens",
+    ),
+    (
+        "/v1/completions",
+        completion(max_tokens=0),
+        400,
+        "max_tokens: Input should be greater than or equal to 1",
+        "max_tokens",
+    ),
     ("/v1/completions", completion(max_tokens="10"), 400, "max_tokens: Input should be a valid integer", "max_tokens"),
-    ("/v1/completions", completion(temperature="hot"), 400, "temperature: Input should be a valid number", "temperature"),
-    ("/v1/completions", completion(temperature=3), 400, "temperature: Input should be less than or equal to 2", "temperature"),
+    (
+        "/v1/completions",
+        completion(temperature="hot"),
+        400,
+        "temperature: Input should be a valid number",
+        "temperature",
+    ),
+    (
+        "/v1/completions",
+        completion(temperature=3),
+        400,
+        "temperature: Input should be less than or equal to 2",
+        "temperature",
+    ),
     ("/v1/completions", completion(top_p=0), 400, "top_p: Input should be greater than 0", "top_p"),
     ("/v1/completions", completion(timeout=0), 400, "timeout: Input should be greater than 0", "timeout"),
     ("/v1/completions", completion(timeout="5"), 400, "timeout: Input should be a valid number", "timeout"),
-    ("/v1/completions", completion(prompt=12), 400, "prompt: prompt must be a string or a list of token ids.", "prompt"),
-    ("/v1/completions", completion(prompt=["a", "b"]), 400,
-     "prompt: batched prompts are not supported: send one request per prompt.", "prompt"),
+    (
+        "/v1/completions",
+        completion(prompt=12),
+        400,
+        "prompt: prompt must be a string or a list of token ids.",
+        "prompt",
+    ),
+    (
+        "/v1/completions",
+        completion(prompt=["a", "b"]),
+        400,
+        "prompt: batched prompts are not supported: send one request per prompt.",
+        "prompt",
+    ),
     ("/v1/completions", completion(prompt=[]), 400, "the prompt is empty: give at least one token.", None),
     ("/v1/completions", completion(prompt=[5, 10_000]), 400, "prompt token ids are outside the vocabulary", None),
-    ("/v1/completions", completion(n=2), 400, "n: n=2 is not supported: this server returns one choice per request", "n"),
-    ("/v1/completions", completion(logprobs=1), 400, "logprobs: logprobs is not supported by this server; omit it.", "logprobs"),
-    ("/v1/completions", completion(frequency_penalty=0.5), 400, "frequency_penalty: frequency_penalty is not supported", "frequency_penalty"),
+    (
+        "/v1/completions",
+        completion(n=2),
+        400,
+        "n: n=2 is not supported: this server returns one choice per request",
+        "n",
+    ),
+    (
+        "/v1/completions",
+        completion(logprobs=1),
+        400,
+        "logprobs: logprobs is not supported by this server; omit it.",
+        "logprobs",
+    ),
+    (
+        "/v1/completions",
+        completion(frequency_penalty=0.5),
+        400,
+        "frequency_penalty: frequency_penalty is not supported",
+        "frequency_penalty",
+    ),
     ("/v1/completions", completion(stop=["a"] * 5), 400, "stop: stop takes at most 4 non-empty strings", "stop"),
-    ("/v1/completions", completion(stream_options={"include_usage": True}), 400,
-     "stream_options is only allowed when stream is true.", None),
+    (
+        "/v1/completions",
+        completion(stream_options={"include_usage": True}),
+        400,
+        "stream_options is only allowed when stream is true.",
+        None,
+    ),
     ("/v1/completions", {"prompt": "Hi"}, 400, "model: missing required argument", "model"),
     ("/v1/completions", completion(model="gpt-4"), 404, "The model 'gpt-4' does not exist", "model"),
-    ("/v1/completions", completion(prompt=[5] * 200), 400,
-     "the prompt has 200 tokens, which leaves no room in this model's context of 128 tokens: shorten the prompt.", None),
-    ("/v1/completions", completion(prompt=[5] * 100, max_tokens=50), 400,
-     "the prompt has 100 tokens and asks for 50 more, past this model's context of 128 tokens", None),
+    (
+        "/v1/completions",
+        completion(prompt=[5] * 200),
+        400,
+        "the prompt has 200 tokens, which leaves no room in this model's context of 128 tokens: shorten the prompt.",
+        None,
+    ),
+    (
+        "/v1/completions",
+        completion(prompt=[5] * 100, max_tokens=50),
+        400,
+        "the prompt has 100 tokens and asks for 50 more, past this model's context of 128 tokens",
+        None,
+    ),
     ("/v1/completions", [completion()], 400, "the request body must be a JSON object.", None),
     ("/v1/chat/completions", chat(messages=[]), 400, "messages: List should have at least 1 item", "messages"),
-    ("/v1/chat/completions", chat(messages=[{"role": "tool", "content": "x"}]), 400,
-     "messages[0].role: Input should be 'system', 'user' or 'assistant'", "messages[0].role"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
-     "messages[0].content: only text content parts", "messages[0].content"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "x", "name": "bob"}]), 400,
-     "Unrecognized request argument supplied: messages[0].name", "messages[0].name"),
-    ("/v1/chat/completions", chat(logprobs=True), 400, "logprobs: logprobs is not supported by this server", "logprobs"),
-    ("/v1/chat/completions", chat(max_completion_tokens=-5), 400,
-     "max_completion_tokens: Input should be greater than or equal to 1", "max_completion_tokens"),
+    (
+        "/v1/chat/completions",
+        chat(messages=[{"role": "tool", "content": "x"}]),
+        400,
+        "messages[0].role: Input should be 'system', 'user' or 'assistant'",
+        "messages[0].role",
+    ),
+    (
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "messages[0].content: only text content parts",
+        "messages[0].content",
+    ),
+    (
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": "x", "name": "bob"}]),
+        400,
+        "Unrecognized request argument supplied: messages[0].name",
+        "messages[0].name",
+    ),
+    (
+        "/v1/chat/completions",
+        chat(logprobs=True),
+        400,
+        "logprobs: logprobs is not supported by this server",
+        "logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        chat(max_completion_tokens=-5),
+        400,
+        "max_completion_tokens: Input should be greater than or equal to 1",
+        "max_completion_tokens",
+    ),
 ]
 
 
@@ -336,7 +476,9 @@ def test_malformed_json(served, content):
     response = served.post("/v1/completions", content=content, headers={"Content-Type": "application/json"})
     assert response.status_code == 400
     message = response.json()["error"]["message"]
-    assert message.startswith("the request body is not valid JSON") or message == "the request body must be a JSON object."
+    assert (
+        message.startswith("the request body is not valid JSON") or message == "the request body must be a JSON object."
+    )
     assert_still_serving(served)
 
 
@@ -344,8 +486,11 @@ def test_unknown_field_through_openai_client(served):
     with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: best_of"):
         served.client().completions.create(model=MODEL, prompt="Hi", best_of=2)
     with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: tools"):
-        served.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                                tools=[{"type": "function", "function": {"name": "f"}}])
+        served.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
     assert_still_serving(served)
 
 
@@ -366,15 +511,21 @@ def test_queue_full_is_429_with_retry_after(served, stream):
     served.scheduler.queue_full = True
     response = served.post("/v1/completions", json=completion(stream=stream))
     assert response.status_code == 429 and response.headers["Retry-After"] == "3"  # ceil(2.5 s)
-    assert response.json()["error"] == {"message": "the queue is full (0 requests waiting); retry later.",
-                                        "type": "rate_limit_error", "param": None, "code": "queue_full"}
+    assert response.json()["error"] == {
+        "message": "the queue is full (0 requests waiting); retry later.",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "queue_full",
+    }
     with pytest.raises(openai.RateLimitError):
         served.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
     assert_still_serving(served)
 
 
-@pytest.mark.parametrize("path, body", [("/v1/completions", completion(max_tokens=100, stream=True)),
-                                        ("/v1/chat/completions", chat(stream=True))])
+@pytest.mark.parametrize(
+    "path, body",
+    [("/v1/completions", completion(max_tokens=100, stream=True)), ("/v1/chat/completions", chat(stream=True))],
+)
 def test_client_disconnect_mid_stream_cancels(served, path, body):
     fake = served.scheduler
     fake.delay_s = 0.05  # about 1 s for the whole reply
@@ -407,11 +558,16 @@ def test_engine_error(served):
     assert_still_serving(served)
 
 
-@pytest.mark.parametrize("template, message", [
-    (None, "this tokenizer has no chat template"),
-    ("{{ raise_exception('system messages are not supported') }}",
-     "the model's chat template rejected these messages: system messages are not supported"),
-])
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        (None, "this tokenizer has no chat template"),
+        (
+            "{{ raise_exception('system messages are not supported') }}",
+            "the model's chat template rejected these messages: system messages are not supported",
+        ),
+    ],
+)
 def test_chat_template_problems_are_400(served, template, message):
     tokenizer = served.scheduler.tokenizer
     saved, tokenizer.chat_template = tokenizer.chat_template, template

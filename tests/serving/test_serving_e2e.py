@@ -25,15 +25,18 @@ def stack():
     from adaflash_hf.serving.server import ServerThread
 
     target, drafter, tokenizer = tiny_chat_models(max_positions=256)
-    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=3, calibrate=False), model_name="tiny")
+    scheduler = Scheduler(
+        target, drafter, tokenizer, SchedulerConfig(max_batch_size=3, calibrate=False), model_name="tiny"
+    )
     with ServerThread(create_app(scheduler)) as url:
         yield f"{url}/v1", target, tokenizer, scheduler
 
 
 def reference_text(target, tokenizer, prompt: list[int], max_new_tokens: int) -> str:
-    out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                          pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, len(prompt):], skip_special_tokens=True)
+    out = target.generate(
+        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )
+    return tokenizer.decode(out[0, len(prompt) :], skip_special_tokens=True)
 
 
 def test_greedy_outputs_through_the_server_equal_the_target(stack):
@@ -47,8 +50,9 @@ def test_greedy_outputs_through_the_server_equal_the_target(stack):
         await asyncio.sleep(0.02 * i)  # later requests join a running batch; short ones leave early
         if i % 2:
             text = ""
-            stream = await client.completions.create(model="tiny", prompt=prompts[i], max_tokens=budgets[i],
-                                                     temperature=0, stream=True)
+            stream = await client.completions.create(
+                model="tiny", prompt=prompts[i], max_tokens=budgets[i], temperature=0, stream=True
+            )
             async for chunk in stream:
                 text += chunk.choices[0].text if chunk.choices else ""
             return text
@@ -56,7 +60,9 @@ def test_greedy_outputs_through_the_server_equal_the_target(stack):
         return reply.choices[0].text
 
     async def disconnecting(client):
-        stream = await client.completions.create(model="tiny", prompt=prompts[0], max_tokens=200, temperature=0, stream=True)
+        stream = await client.completions.create(
+            model="tiny", prompt=prompts[0], max_tokens=200, temperature=0, stream=True
+        )
         async for _ in stream:
             break
         await stream.close()
@@ -123,8 +129,10 @@ def test_a_request_past_its_deadline_gets_a_clear_error(stack):
     error = response.json()["error"]
     assert error["code"] == "request_timeout" and error["type"] == "timeout_error" and error["param"] == "timeout"
     assert error["message"].startswith("the request passed its deadline of 1e-06 s after 0 tokens")
-    with httpx.Client(timeout=30) as client, client.stream("POST", f"{url}/completions",
-                                                           json={**body, "stream": True}) as streamed:
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", f"{url}/completions", json={**body, "stream": True}) as streamed,
+    ):
         events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
     assert streamed.status_code == 200 and events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "request_timeout"
@@ -142,15 +150,23 @@ def test_a_flood_past_the_queue_gets_only_200s_and_429s():
     from adaflash_hf.serving.server import ServerThread
 
     target, drafter, tokenizer = tiny_chat_models(max_positions=256)
-    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=2, max_queue=3, calibrate=False),
-                          model_name="tiny")
+    scheduler = Scheduler(
+        target, drafter, tokenizer, SchedulerConfig(max_batch_size=2, max_queue=3, calibrate=False), model_name="tiny"
+    )
     prompts = [[5, 6, 7 + i] for i in range(4)]
     references = [reference_text(target, tokenizer, p, 8) for p in prompts]
 
     async def flood(url):
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
-            return await asyncio.gather(*(client.post(f"{url}/v1/completions", json={
-                "model": "tiny", "prompt": prompts[i % 4], "max_tokens": 8, "temperature": 0}) for i in range(48)))
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        f"{url}/v1/completions",
+                        json={"model": "tiny", "prompt": prompts[i % 4], "max_tokens": 8, "temperature": 0},
+                    )
+                    for i in range(48)
+                )
+            )
 
     with ServerThread(create_app(scheduler)) as url:
         responses = asyncio.run(asyncio.wait_for(flood(url), 120))
@@ -210,16 +226,19 @@ def test_serve_drains_on_a_signal_and_stops_the_opd_trainer():
 
     target, drafter, tokenizer = tiny_chat_models(max_positions=256)
     trainer, port, lines = Trainer(), free_port(), []
-    scheduler = Scheduler(target, drafter, tokenizer, SchedulerConfig(max_batch_size=2, calibrate=False),
-                          model_name="tiny", opd=trainer)
+    scheduler = Scheduler(
+        target, drafter, tokenizer, SchedulerConfig(max_batch_size=2, calibrate=False), model_name="tiny", opd=trainer
+    )
 
     def client():
         body = {"model": "tiny", "prompt": [9, 40, 41, 12], "max_tokens": 240, "temperature": 0, "stream": True}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                with httpx.Client(timeout=60) as http, http.stream(
-                        "POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as response:
+                with (
+                    httpx.Client(timeout=60) as http,
+                    http.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as response,
+                ):
                     events = (line for line in response.iter_lines() if line.startswith("data: "))
                     lines.append(next(events))
                     os.kill(os.getpid(), signal.SIGTERM)  # to the main thread, which runs the engine
@@ -264,11 +283,29 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
         port = probe.getsockname()[1]
     key, url = "e2e-key", f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "adaflash_hf.cli", "serve", "--target", str(tmp_path / "target"), "--drafter",
-         str(tmp_path / "drafter"), "--dtype", "fp32", "--port", str(port), "--served-model-name", "tiny",
-         "--drain-timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "ADAFLASH_API_KEY": key})
+        [
+            sys.executable,
+            "-m",
+            "adaflash_hf.cli",
+            "serve",
+            "--target",
+            str(tmp_path / "target"),
+            "--drafter",
+            str(tmp_path / "drafter"),
+            "--dtype",
+            "fp32",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--drain-timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "ADAFLASH_API_KEY": key},
+    )
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
         deadline = time.time() + 120
@@ -289,8 +326,9 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
         long_prompt, streamed, started = [9, 40, 41, 12], [], threading.Event()
 
         def in_flight():  # a long request that is streaming when the signal comes
-            for chunk in client.completions.create(model="tiny", prompt=long_prompt, max_tokens=240, temperature=0,
-                                                   stream=True):
+            for chunk in client.completions.create(
+                model="tiny", prompt=long_prompt, max_tokens=240, temperature=0, stream=True
+            ):
                 streamed.append(chunk)
                 started.set()
 
@@ -301,8 +339,12 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
         while (health := httpx.get(f"{url}/health", timeout=10)).status_code == 200:
             time.sleep(0.01)
         assert health.status_code == 503 and health.json()["status"] == "draining"
-        refused = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 4},
-                             headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        refused = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "tiny", "prompt": prompt, "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
         assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
         assert refused.json()["error"]["code"] == "shutting_down"
         assert not any(c.choices[0].finish_reason for c in streamed if c.choices), "still streaming when refused"
@@ -330,18 +372,48 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
     tokenizer.save_pretrained(tmp_path / "target")
     drafter.save_pretrained(tmp_path / "drafter")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"hello {i} world", "domain": "chat" if i % 2 else "code"}) + "\n"
-                               for i in range(8)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"hello {i} world", "domain": "chat" if i % 2 else "code"}) + "\n" for i in range(8)
+        )
+    )
     out = tmp_path / "concurrency.json"
     threads = torch.get_num_threads()
-    code = main(["bench", "--concurrency", "1,2", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-                 "--prompts", str(prompts), "--methods", "plain,adaflash@2,adaflash", "--requests", "3", "--repeats", "2",
-                 "--max-new-tokens", "4", "--dtype", "fp32", "--num-threads", "1", "--json", str(out), "--plot", ""])
+    code = main(
+        [
+            "bench",
+            "--concurrency",
+            "1,2",
+            "--target",
+            str(tmp_path / "target"),
+            "--drafter",
+            str(tmp_path / "drafter"),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "plain,adaflash@2,adaflash",
+            "--requests",
+            "3",
+            "--repeats",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--dtype",
+            "fp32",
+            "--num-threads",
+            "1",
+            "--json",
+            str(out),
+            "--plot",
+            "",
+        ]
+    )
     torch.set_num_threads(threads)
     assert code == 0
     results = json.loads(out.read_text())["results"]
     assert [(r["method"], r["concurrency"]) for r in results] == [
-        (m, c) for c in (1, 2) for m in ("plain", "adaflash@2", "adaflash")]
+        (m, c) for c in (1, 2) for m in ("plain", "adaflash@2", "adaflash")
+    ]
     for row in results:
         assert row["repeats"] == 2 and row["num_requests"] == 6 and len(row["tokens_per_second_passes"]) == 2
         low, high = sorted(row["tokens_per_second_passes"])
@@ -354,4 +426,6 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
     assert "pass 2/2" in capsys.readouterr().err
     with pytest.raises(ValueError, match="at least 5 prompts"):
         prompts.write_text('{"prompt": "one", "domain": "chat"}\n')
-        main(["bench", "--concurrency", "1", "--target", str(tmp_path / "target"), "--prompts", str(prompts), "--debug"])
+        main(
+            ["bench", "--concurrency", "1", "--target", str(tmp_path / "target"), "--prompts", str(prompts), "--debug"]
+        )

@@ -26,9 +26,18 @@ class _Tokenizer:
 
 def tiny_target(layers: int = 5) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -40,7 +49,12 @@ def write_responses(data_dir, shards: int = 2, per_shard: int = 3) -> None:
         records = []
         for _ in range(per_shard):
             n = int(torch.randint(12, 30, (), generator=generator))
-            records.append((torch.randint(4, 64, (n,), generator=generator).tolist(), int(torch.randint(2, 8, (), generator=generator))))
+            records.append(
+                (
+                    torch.randint(4, 64, (n,), generator=generator).tolist(),
+                    int(torch.randint(2, 8, (), generator=generator)),
+                )
+            )
         _write_shard(folder / f"shard_{shard:05d}.safetensors", records)
 
 
@@ -65,16 +79,18 @@ def test_cached_features_equal_a_live_target_forward(tmp_path):
     valid = torch.ones_like(anchors, dtype=torch.bool)
     weights = position_weights(4, 4.0)
     cached.context = cached.context.float()
-    losses = [drafter_block_forward(drafter, target, batch, f, anchors, valid, weights, True).loss
-              for f in (cached, live)]
+    losses = [
+        drafter_block_forward(drafter, target, batch, f, anchors, valid, weights, True).loss for f in (cached, live)
+    ]
     assert torch.allclose(losses[0].float(), losses[1].float(), rtol=2e-2)
 
 
 def test_feature_cache_resumes_and_refuses_mismatches(tmp_path):
     target = tiny_target()
     write_responses(tmp_path / "data", shards=3)
-    cache = build_feature_cache(target, _Tokenizer(), tmp_path / "data", tmp_path / "cache", LAYERS, "tiny",
-                                max_minutes=1e-9)  # stops after the first shard
+    cache = build_feature_cache(
+        target, _Tokenizer(), tmp_path / "data", tmp_path / "cache", LAYERS, "tiny", max_minutes=1e-9
+    )  # stops after the first shard
     assert sorted(json.loads((cache / "meta.json").read_text())["shards"]) == ["shard_00000"]
     first = (cache / "shard_00000" / "context.npy").stat().st_mtime_ns
     build_feature_cache(target, _Tokenizer(), tmp_path / "data", cache, LAYERS, "tiny")
@@ -124,28 +140,51 @@ def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path
     folder = data_dir / "train" / "0123456789abcdef"
     folder.mkdir(parents=True)
     generator = torch.Generator().manual_seed(0)
-    _write_shard(folder / "shard_00000.safetensors",
-                 [(torch.randint(4, len(tokenizer), (40,), generator=generator).tolist(), 6) for _ in range(4)])
+    _write_shard(
+        folder / "shard_00000.safetensors",
+        [(torch.randint(4, len(tokenizer), (40,), generator=generator).tolist(), 6) for _ in range(4)],
+    )
     cache = build_feature_cache(target, tokenizer, data_dir, tmp_path / "cache", [1, 3], "tiny")
     calls = []
     real = trainer_module.target_features
     monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
-    common = dict(target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, train_domains=["math"],
-                  corpus_fraction=0.0, eval_prompts_per_domain=2, gen_max_new_tokens=6, gen_batch_size=2,
-                  eval_anchors=4, eval_every=100, checkpoint_every=100, warmup_steps=1, engine_eval_prompts=0,
-                  max_steps=4, data_dir=str(data_dir), feature_cache=str(cache))
+    common = dict(
+        target="tiny",
+        target_dtype="fp32",
+        block_size=4,
+        num_anchors=8,
+        train_domains=["math"],
+        corpus_fraction=0.0,
+        eval_prompts_per_domain=2,
+        gen_max_new_tokens=6,
+        gen_batch_size=2,
+        eval_anchors=4,
+        eval_every=100,
+        checkpoint_every=100,
+        warmup_steps=1,
+        engine_eval_prompts=0,
+        max_steps=4,
+        data_dir=str(data_dir),
+        feature_cache=str(cache),
+    )
     final = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "run"), **common), target, tokenizer)
     assert calls == [1]  # the final held-out evaluation only: every training batch came from the cache
     summary = json.loads((final / "training_summary.json").read_text())
     assert summary["steps"] == 4 and summary["target_layer_ids"] == [1, 3]
     assert summary["feature_cache"]["tokens"] == 160
     with pytest.raises(ValueError, match="target layers"):
-        train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "other"), target_layer_ids=[0, 2], **common),
-                      target, tokenizer)
+        train_drafter(
+            TrainDrafterConfig(output_dir=str(tmp_path / "other"), target_layer_ids=[0, 2], **common), target, tokenizer
+        )
     with pytest.raises(ValueError, match="distill_weight"):
         TrainDrafterConfig(output_dir="x", feature_cache=str(cache), distill_weight=0.5)
 
-    target_init = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "init"), num_layers=1, init_layers="target",
-                                                   **{**common, "max_steps": 1}), target, tokenizer)
+    target_init = train_drafter(
+        TrainDrafterConfig(
+            output_dir=str(tmp_path / "init"), num_layers=1, init_layers="target", **{**common, "max_steps": 1}
+        ),
+        target,
+        tokenizer,
+    )
     summary = json.loads((target_init / "training_summary.json").read_text())
     assert summary["held_out_at_init"]["tau"] >= 1.0  # the starting point is measured

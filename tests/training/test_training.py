@@ -34,9 +34,19 @@ MASK = 3
 
 def tiny_target(vocab: int = 64, layers: int = 4) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -165,7 +175,8 @@ def test_training_forward_equals_incremental_inference_forward():
         anchors = torch.tensor([[3, 7, 12]])
         embeds = target.get_input_embeddings()(block_input_ids(ids, anchors, bs, MASK))
         train_out = drafter(
-            noise_embeds=embeds, context_hidden_states=context,
+            noise_embeds=embeds,
+            context_hidden_states=context,
             position_ids=torch.cat([torch.arange(length)[None], block_position_ids(anchors, bs)], dim=1),
             attention_mask=block_attention_mask(anchors, length, bs, torch.float32),
         ).last_hidden_state.view(1, 3, bs, -1)  # (1, A, B, H)
@@ -175,8 +186,11 @@ def test_training_forward_equals_incremental_inference_forward():
             block = embeds.view(1, 3, bs, -1)[:, j]
             positions = torch.cat([torch.arange(fed, a), torch.arange(a, a + bs)])[None]
             inference = drafter(
-                noise_embeds=block, context_hidden_states=context[:, fed:a], position_ids=positions,
-                attention_mask=torch.ones(1, a + bs, dtype=torch.long), cache=cache,
+                noise_embeds=block,
+                context_hidden_states=context[:, fed:a],
+                position_ids=positions,
+                attention_mask=torch.ones(1, a + bs, dtype=torch.long),
+                cache=cache,
             ).last_hidden_state
             cache.crop(-bs)  # as the engine: keep the context, drop the block
             fed = a
@@ -197,8 +211,12 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
-        unk_token="<|endoftext|>", additional_special_tokens=["<mask>"],
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=["<mask>"],
     )
     tokenizer.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -213,10 +231,25 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
     target.generation_config.eos_token_id = 2
     target.generation_config.pad_token_id = 2
     common = dict(
-        output_dir=str(tmp_path / "run"), target="tiny", target_dtype="fp32", block_size=4, num_anchors=8,
-        seq_len=32, train_domains=["math"], corpus_fraction=0.5, corpus_limit_per_domain=4,
-        self_gen_prompts_per_domain=2, eval_prompts_per_domain=2, gen_max_new_tokens=6, gen_batch_size=2,
-        eval_anchors=4, eval_every=2, checkpoint_every=2, warmup_steps=1, engine_eval_prompts=1, distill_weight=0.5,
+        output_dir=str(tmp_path / "run"),
+        target="tiny",
+        target_dtype="fp32",
+        block_size=4,
+        num_anchors=8,
+        seq_len=32,
+        train_domains=["math"],
+        corpus_fraction=0.5,
+        corpus_limit_per_domain=4,
+        self_gen_prompts_per_domain=2,
+        eval_prompts_per_domain=2,
+        gen_max_new_tokens=6,
+        gen_batch_size=2,
+        eval_anchors=4,
+        eval_every=2,
+        checkpoint_every=2,
+        warmup_steps=1,
+        engine_eval_prompts=1,
+        distill_weight=0.5,
     )
     final = train_drafter(TrainDrafterConfig(max_steps=3, **common), target, tokenizer)
     summary = json.loads((final / "training_summary.json").read_text())
@@ -225,7 +258,9 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_2", "step_3"]
     loaded = AdaFlashDrafter.from_pretrained(final)
     assert loaded.dtype == torch.bfloat16 and loaded.config.block_size == 4
-    exported = AdaFlashDrafter.from_pretrained(export_checkpoint(tmp_path / "run" / "checkpoints" / "step_3", tmp_path / "exp"))
+    exported = AdaFlashDrafter.from_pretrained(
+        export_checkpoint(tmp_path / "run" / "checkpoints" / "step_3", tmp_path / "exp")
+    )
     for (name, a), (_, b) in zip(loaded.state_dict().items(), exported.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # the last checkpoint is the final drafter
 
@@ -262,15 +297,32 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
     real = trainer_module.target_features
     monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     common = dict(
-        target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, seq_len=32, train_domains=["math"],
-        corpus_fraction=1.0, corpus_limit_per_domain=4, eval_prompts_per_domain=2, gen_max_new_tokens=6,
-        gen_batch_size=2, eval_anchors=4, eval_every=100, checkpoint_every=100, warmup_steps=1,
-        engine_eval_prompts=0, max_steps=6, intermediate_size=16,
+        target="tiny",
+        target_dtype="fp32",
+        block_size=4,
+        num_anchors=8,
+        seq_len=32,
+        train_domains=["math"],
+        corpus_fraction=1.0,
+        corpus_limit_per_domain=4,
+        eval_prompts_per_domain=2,
+        gen_max_new_tokens=6,
+        gen_batch_size=2,
+        eval_anchors=4,
+        eval_every=100,
+        checkpoint_every=100,
+        warmup_steps=1,
+        engine_eval_prompts=0,
+        max_steps=6,
+        intermediate_size=16,
     )
     for reuse, expected in ((1, 6), (3, 2)):
         calls.clear()
-        final = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / f"r{reuse}"), steps_per_forward=reuse, **common),
-                              target, tokenizer)
+        final = train_drafter(
+            TrainDrafterConfig(output_dir=str(tmp_path / f"r{reuse}"), steps_per_forward=reuse, **common),
+            target,
+            tokenizer,
+        )
         assert len(calls) == expected + 1  # training forwards + the final held-out evaluation (one batch)
         config = AdaFlashDrafter.from_pretrained(final).config
         assert config.intermediate_size == 16
@@ -285,14 +337,34 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
     target.generation_config.eos_token_id = 2
     target.generation_config.pad_token_id = 2
     common = dict(
-        target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, seq_len=32, train_domains=["math"],
-        corpus_fraction=0.5, corpus_limit_per_domain=4, self_gen_prompts_per_domain=2, eval_prompts_per_domain=2,
-        gen_max_new_tokens=6, gen_batch_size=2, eval_anchors=4, eval_every=100, checkpoint_every=100, warmup_steps=1,
-        engine_eval_prompts=1, max_steps=2, data_dir=str(tmp_path / "data"),
+        target="tiny",
+        target_dtype="fp32",
+        block_size=4,
+        num_anchors=8,
+        seq_len=32,
+        train_domains=["math"],
+        corpus_fraction=0.5,
+        corpus_limit_per_domain=4,
+        self_gen_prompts_per_domain=2,
+        eval_prompts_per_domain=2,
+        gen_max_new_tokens=6,
+        gen_batch_size=2,
+        eval_anchors=4,
+        eval_every=100,
+        checkpoint_every=100,
+        warmup_steps=1,
+        engine_eval_prompts=1,
+        max_steps=2,
+        data_dir=str(tmp_path / "data"),
     )
     first = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "a"), **common), target, tokenizer)
-    second = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "b"), init_from=str(first), draft_vocab_size=40,
-                                              lr=1e-12, **common), target, tokenizer)
+    second = train_drafter(
+        TrainDrafterConfig(
+            output_dir=str(tmp_path / "b"), init_from=str(first), draft_vocab_size=40, lr=1e-12, **common
+        ),
+        target,
+        tokenizer,
+    )
     before, after = AdaFlashDrafter.from_pretrained(first), AdaFlashDrafter.from_pretrained(second)
     assert after.config.draft_vocab_size == 40 and len(set(after.draft_vocab.tolist())) == 40
     assert 2 in after.draft_vocab.tolist()  # EOS is always draftable
@@ -301,8 +373,11 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
     for name, weight in before.state_dict().items():  # lr ~ 0: the run started from the first drafter's weights
         assert torch.allclose(weight.float(), after.state_dict()[name].float(), atol=1e-2), name
     with pytest.raises(ValueError, match="block size 4"):
-        train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "c"), init_from=str(first), **{**common, "block_size": 8}),
-                      target, tokenizer)
+        train_drafter(
+            TrainDrafterConfig(output_dir=str(tmp_path / "c"), init_from=str(first), **{**common, "block_size": 8}),
+            target,
+            tokenizer,
+        )
 
 
 def test_generate_data_answers_a_users_prompt_file(tmp_path):
@@ -315,22 +390,37 @@ def test_generate_data_answers_a_users_prompt_file(tmp_path):
     target.generation_config.pad_token_id = 2
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
-    lines = [{"prompt": "hello there", "domain": "chat"}, {"prompt": "second chat", "domain": "chat"},
-             {"prompt": "1 + 2 =", "domain": "math"}]
+    lines = [
+        {"prompt": "hello there", "domain": "chat"},
+        {"prompt": "second chat", "domain": "chat"},
+        {"prompt": "1 + 2 =", "domain": "math"},
+    ]
     (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    config = GenerateDataConfig(data_dir=str(tmp_path / "data"), target=str(tmp_path / "target"), target_dtype="fp32",
-                                prompts=str(tmp_path / "mine.jsonl"), prompts_per_domain=1, max_new_tokens=5, batch_size=2)
+    config = GenerateDataConfig(
+        data_dir=str(tmp_path / "data"),
+        target=str(tmp_path / "target"),
+        target_dtype="fp32",
+        prompts=str(tmp_path / "mine.jsonl"),
+        prompts_per_domain=1,
+        max_new_tokens=5,
+        batch_size=2,
+    )
     assert generate_data(config) == 0
     shards = list((tmp_path / "data" / "train").glob("*/shard_*.safetensors"))
     sequences = [s for shard in shards for s in _read_shard(shard)]
     assert len(sequences) == 2  # one prompt per domain: the first chat line and the math line
     for seq in sequences:  # each cached response is the target's own greedy continuation
         prompt = seq.input_ids[: seq.start][None]
-        expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=5,
-                                   pad_token_id=2)[0, seq.start:]
+        expected = target.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=5, pad_token_id=2
+        )[0, seq.start :]
         end = next((j + 1 for j, t in enumerate(expected.tolist()) if t == 2), len(expected))
-        assert seq.input_ids[seq.start:].tolist() == expected[:end].tolist()
+        assert seq.input_ids[seq.start :].tolist() == expected[:end].tolist()
 
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt key"}\n')
     with pytest.raises(ValueError, match="bad.jsonl: 1 bad line"):  # checked before any model loads
-        generate_data(GenerateDataConfig(data_dir=str(tmp_path / "data"), target="no-such-model", prompts=str(tmp_path / "bad.jsonl")))
+        generate_data(
+            GenerateDataConfig(
+                data_dir=str(tmp_path / "data"), target="no-such-model", prompts=str(tmp_path / "bad.jsonl")
+            )
+        )
