@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,12 +37,15 @@ def machine() -> dict:
 
 
 def provenance() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    """What produced the JSON, where and when (``committed_in`` is added when the JSON is committed)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout
+    info = machine()
     return {
-        "machine": machine(),
-        "commit": commit or None,
+        "command": "python benchmarks/training/throughput.py " + " ".join(sys.argv[1:]),
+        "machine": f"{info['cpu']} ({', '.join(info['features'])}), {info['cores']} torch threads, idle",
+        "machine_details": info,
+        "code_commit": commit.strip() or "unknown",
         "date": time.strftime("%Y-%m-%d"),
-        "command": "python benchmarks/training/throughput.py " + " ".join(__import__("sys").argv[1:]),
     }
 
 

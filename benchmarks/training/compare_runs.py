@@ -1,0 +1,82 @@
+"""Held-out τ of drafter training runs side by side: initialisation, depth and continuation experiments.
+
+Each run is an ``adaflash train-drafter`` output folder; this script reads its ``metrics.jsonl`` (held-out
+evaluations) and its checkpoint state, prints one row per run and writes ``benchmarks/training/drafter_runs.json``,
+from which ``benchmarks/make_tables.py`` renders the ``drafter_runs`` table:
+
+    python benchmarks/training/compare_runs.py "random init=runs/init_random" "target init=runs/init_target" ...
+
+Runs compared at equal optimizer steps share the recipe except for the one named change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_record(label: str, folder: Path) -> dict:
+    """The recipe, evaluations and compute of one run folder."""
+    evals = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    summary_path = folder / "drafter" / "training_summary.json"
+    recipe = json.loads(summary_path.read_text())["recipe"] if summary_path.exists() else {}
+    keep = (
+        "num_layers",
+        "block_size",
+        "init_layers",
+        "init_from",
+        "lr",
+        "num_anchors",
+        "draft_vocab_size",
+        "feature_cache",
+        "corpus_fraction",
+        "max_steps",
+        "num_threads",
+        "seed",
+    )
+    return {
+        "label": label,
+        "run": folder.name,
+        "recipe": {k: recipe.get(k) for k in keep},
+        "evaluations": [{k: e[k] for k in ("step", "minutes", "tau", "position_acceptance")} for e in evals],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="LABEL=FOLDER of each train-drafter run, in table order.")
+    parser.add_argument(
+        "--machine", required=True, help="The machine the runs trained on, as the table should name it."
+    )
+    parser.add_argument("--output", default=str(HERE / "drafter_runs.json"))
+    args = parser.parse_args()
+    records = []
+    for item in args.runs:
+        label, _, folder = item.partition("=")
+        if not folder:
+            raise SystemExit(f"error: {item!r}: give LABEL=FOLDER")
+        records.append(run_record(label, Path(folder)))
+    print("| run | held-out τ by step | acceptance at positions 1-3 (last evaluation) |")
+    print("|---|---|---|")
+    for r in records:
+        curve = ", ".join(f"{e['step']}: {e['tau']:.3f}" for e in r["evaluations"])
+        last = r["evaluations"][-1]["position_acceptance"][:3] if r["evaluations"] else []
+        print(f"| {r['label']} | {curve} | {', '.join(f'{a:.2f}' for a in last)} |")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout
+    provenance = {
+        "command": "python benchmarks/training/compare_runs.py " + " ".join(sys.argv[1:]),
+        "machine": args.machine,
+        "code_commit": commit.strip() or "unknown",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    Path(args.output).write_text(json.dumps({"provenance": provenance, "runs": records}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
