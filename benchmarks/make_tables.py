@@ -337,7 +337,7 @@ def drafter_runs(path: str) -> tuple[list[str], list[str]]:
     rows = []
     for run in load(path)["runs"]:
         recipe, evals = run["recipe"], run["evaluations"]
-        init = "shipped drafter" if recipe.get("init_from") else recipe.get("init_layers") or "random"
+        init = "shipped drafter" if recipe.get("init_from") else recipe.get("init_layers") or "–"
         curve = ", ".join(f"{e['step']}: {e['tau']:.3f}" for e in evals)
         last = ", ".join(f"{a:.2f}" for a in evals[-1]["position_acceptance"][:3]) if evals else "–"
         rows.append(

@@ -23,7 +23,10 @@ HERE = Path(__file__).resolve().parent
 
 def run_record(label: str, folder: Path) -> dict:
     """The recipe, evaluations and compute of one run folder."""
-    evals = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    # the last step is evaluated again after the loop ends: keep one evaluation per step
+    by_step = {e["step"]: e for e in (json.loads(line) for line in lines if '"eval"' in line)}
+    evals = [by_step[step] for step in sorted(by_step)]
     summary_path = folder / "drafter" / "training_summary.json"
     recipe = json.loads(summary_path.read_text())["recipe"] if summary_path.exists() else {}
     keep = (
