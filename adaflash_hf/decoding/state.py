@@ -121,8 +121,9 @@ class SpeculativeBatch:
         self.drafter_proposer = DrafterProposer(drafter, target) if self.use_drafter else None
         self.hidden_request = None if self.drafter_proposer is None else self.drafter_proposer.hidden_request
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
-        self.proposer = HybridProposer(self.state, self.drafting, self.drafter_proposer,
-                                       getattr(drafter, "adaflash_datastore", None))
+        self.proposer = HybridProposer(
+            self.state, self.drafting, self.drafter_proposer, getattr(drafter, "adaflash_datastore", None)
+        )
         self.state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         self.device = next(target.parameters()).device
         self.prefill_time = 0.0
@@ -135,7 +136,9 @@ class SpeculativeBatch:
         self.target_cache = RaggedCache()
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, S) 1 where a slot holds a token
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
-        self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
+        self.last_token = torch.zeros(
+            0, dtype=torch.long, device=self.device
+        )  # (b,) newest token, not yet seen by the target
         if self.drafter_proposer is not None:
             self.drafter_proposer.reset()
 
@@ -158,7 +161,8 @@ class SpeculativeBatch:
         if not specs:
             return []
         clash = [s.row_id for s in specs if s.row_id in self.specs] + [
-            s.row_id for i, s in enumerate(specs) if s.row_id in {t.row_id for t in specs[:i]}]
+            s.row_id for i, s in enumerate(specs) if s.row_id in {t.row_id for t in specs[:i]}
+        ]
         if clash:
             raise ValueError(f"row ids {clash} are already in the batch; give each row a unique id.")
         for spec in specs:
@@ -175,7 +179,7 @@ class SpeculativeBatch:
         if self.observer is not None:
             width = attention_mask.shape[1]
             for i, (spec, token) in enumerate(zip(specs, first.tolist())):
-                features = None if pending is None else pending[i, width - len(spec.prompt_ids):]
+                features = None if pending is None else pending[i, width - len(spec.prompt_ids) :]
                 self.observer.on_prefill(spec.row_id, spec.prompt_ids, features, last_logits[i], token)
         updates = self._emit([s.row_id for s in specs], [[t] for t in first.tolist()], ["prefill"] * len(specs))
         self._drop_finished(updates)
@@ -200,23 +204,42 @@ class SpeculativeBatch:
         if not ragged:
             input_ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
             for i, prompt in enumerate(prompts):
-                input_ids[i, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.long)
+                input_ids[i, width - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
             with sdpa_gqa(self.device, width):
-                out = self.target(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                  output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True,
-                                  **{CACHE_KWARG: cache})
+                out = self.target(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    output_hidden_states=self.hidden_request,
+                    logits_to_keep=1,
+                    use_cache=True,
+                    **{CACHE_KWARG: cache},
+                )
             features = self.drafter_proposer.features(out.hidden_states) if self.use_drafter else None
             return cache, mask, positions, out.logits[:, -1], features
         layout = RaggedLayout.from_lengths(lengths, width)  # right-padded: row i's tokens in columns [0, len_i)
-        tokens = torch.cat([torch.as_tensor(p, dtype=torch.long, device=self.device) for p in prompts])[None]  # (1, T), row-major
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()  # padded keys come after every real query
-        bias = torch.zeros(width, width, dtype=self.target.dtype, device=self.device).masked_fill(~causal, torch.finfo(self.target.dtype).min)
+        tokens = torch.cat([torch.as_tensor(p, dtype=torch.long, device=self.device) for p in prompts])[
+            None
+        ]  # (1, T), row-major
+        causal = torch.ones(
+            width, width, dtype=torch.bool, device=self.device
+        ).tril()  # padded keys come after every real query
+        bias = torch.zeros(width, width, dtype=self.target.dtype, device=self.device).masked_fill(
+            ~causal, torch.finfo(self.target.dtype).min
+        )
         with sdpa_gqa(self.device, width), ragged_forward(layout):
-            out = self.target(input_ids=tokens, position_ids=layout.pack(columns[None].expand(len(prompts), -1)),
-                              attention_mask=bias[None, None].expand(len(prompts), 1, -1, -1),
-                              output_hidden_states=self.hidden_request, logits_to_keep=lengths.cumsum(0) - 1,
-                              use_cache=True, **{CACHE_KWARG: cache})
-        right_aligned = columns[None] - offsets[:, None]  # (b, W): left-padded slot j holds right-padded slot j - offset
+            out = self.target(
+                input_ids=tokens,
+                position_ids=layout.pack(columns[None].expand(len(prompts), -1)),
+                attention_mask=bias[None, None].expand(len(prompts), 1, -1, -1),
+                output_hidden_states=self.hidden_request,
+                logits_to_keep=lengths.cumsum(0) - 1,
+                use_cache=True,
+                **{CACHE_KWARG: cache},
+            )
+        right_aligned = (
+            columns[None] - offsets[:, None]
+        )  # (b, W): left-padded slot j holds right-padded slot j - offset
         relayout_cache(cache, right_aligned.masked_fill(right_aligned < 0, -1))
         features = None
         if self.use_drafter:
@@ -280,7 +303,9 @@ class SpeculativeBatch:
             order[hole] = mover
         index = torch.tensor(order, dtype=torch.long, device=self.device)
         self.ids = [self.ids[i] for i in order]
-        self.slot_mask, self.next_pos, self.last_token = (t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token))
+        self.slot_mask, self.next_pos, self.last_token = (
+            t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token)
+        )
         move_rows(self.target_cache, holes, movers, size)
         if self.drafter_proposer is not None:
             self.drafter_proposer.drop(gone, index, holes, movers, size)
@@ -323,12 +348,29 @@ class SpeculativeBatch:
         # 6. Report: hand out the tokens, tell the round's callback and the observer.
         drafts_list = drafts.num_drafts.tolist()
         sources = path_sources(proposal, paths, drafts_list)
-        chunks, updates = self._report(drafts, verified, paths, slots, next_tokens, accept_lengths, sources,
-                                       draft_time, verify_time, proposal.failed)
+        chunks, updates = self._report(
+            drafts,
+            verified,
+            paths,
+            slots,
+            next_tokens,
+            accept_lengths,
+            sources,
+            draft_time,
+            verify_time,
+            proposal.failed,
+        )
         # 7. Learn: costs, acceptance estimates and the policy's feedback, timed over the whole round.
-        learn_from_round(self.state, self.policy, proposal,
-                         VerifiedRound(accept_lengths, drafts.num_drafts, verified.num_tokens, verified.ragged,
-                                       verify_time), chunks, proposing, round_start, self.device)
+        learn_from_round(
+            self.state,
+            self.policy,
+            proposal,
+            VerifiedRound(accept_lengths, drafts.num_drafts, verified.num_tokens, verified.ragged, verify_time),
+            chunks,
+            proposing,
+            round_start,
+            self.device,
+        )
         self._drop_finished(updates)
         return updates
 
@@ -339,14 +381,25 @@ class SpeculativeBatch:
         depths = budget - 1 if limit is None else (budget - 1).clamp_max(limit - 1)
         # Trees need one-hot drafts; a sampled drafter block (q known) is verified as a chain with min(1, p/q).
         tree = self.proposer.trees and not (sampled and self.draft_sampling)
-        return self.proposer.propose(self.ids, self.last_token, self.next_pos, tree=tree, max_depths=depths.tolist(),
-                                     max_len=None if limit is None else limit - 1)
+        return self.proposer.propose(
+            self.ids,
+            self.last_token,
+            self.next_pos,
+            tree=tree,
+            max_depths=depths.tolist(),
+            max_len=None if limit is None else limit - 1,
+        )
 
-    def _choose_drafts(self, proposal: Proposal, budget: torch.Tensor, params: list[SamplingParams],
-                       sampled: list[int]) -> Drafts:
+    def _choose_drafts(
+        self, proposal: Proposal, budget: torch.Tensor, params: list[SamplingParams], sampled: list[int]
+    ) -> Drafts:
         block = proposal.block
         draft_hidden, draft_logits = (None, None) if block is None else (block.hidden, block.logits)
-        verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources).cpu().clamp(1, proposal.tokens.shape[1] + 1)
+        verify_lens = (
+            self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)
+            .cpu()
+            .clamp(1, proposal.tokens.shape[1] + 1)
+        )
         # A chain verifies at most the row's remaining budget; a tree's depth is capped by it already.
         longest = proposal.lengths if proposal.parents is not None else torch.minimum(proposal.lengths, budget - 1)
         num_drafts = torch.minimum(verify_lens - 1, longest).clamp_min(0)
@@ -356,9 +409,15 @@ class SpeculativeBatch:
         parents = proposal.parents[:, :g].to(self.device) if tree else None
         draft_probs = None
         if sampled and self.draft_sampling and g:
-            draft_tokens, draft_probs = verify.sample_drafter_rows(proposal.sources, draft_tokens, draft_logits, params,
-                                                            self.drafter_proposer.head if self.use_drafter else None,
-                                                            self.vocab_size, self.generator)
+            draft_tokens, draft_probs = verify.sample_drafter_rows(
+                proposal.sources,
+                draft_tokens,
+                draft_logits,
+                params,
+                self.drafter_proposer.head if self.use_drafter else None,
+                self.vocab_size,
+                self.generator,
+            )
         num_drafts = num_drafts.to(self.device)
         depths = proposal.depths[:, :g].to(self.device) if tree else None  # (b, g), 1 for a child of the anchor
         return Drafts(draft_tokens, num_drafts, parents, depths, draft_probs)
@@ -369,22 +428,48 @@ class SpeculativeBatch:
         b, g = drafts.draft_tokens.shape
         num_verified = int((drafts.num_drafts + 1).sum())
         ragged = self.ragged and b > 1 and num_verified < b * (g + 1)
-        inputs = verify_inputs(self.last_token, self.next_pos, self.slot_mask, drafts.draft_tokens, drafts.parents,
-                               drafts.depths, drafts.num_drafts, ragged, self.target.dtype)
+        inputs = verify_inputs(
+            self.last_token,
+            self.next_pos,
+            self.slot_mask,
+            drafts.draft_tokens,
+            drafts.parents,
+            drafts.depths,
+            drafts.num_drafts,
+            ragged,
+            self.target.dtype,
+        )
         layout = inputs.layout
-        ids, positions = (inputs.input_ids, inputs.position_ids) if layout is None else (
-            layout.pack(inputs.input_ids), layout.pack(inputs.position_ids))
-        with engine_attention(self.device, g + 1), (nullcontext() if layout is None else ragged_forward(layout)):
+        ids, positions = (
+            (inputs.input_ids, inputs.position_ids)
+            if layout is None
+            else (layout.pack(inputs.input_ids), layout.pack(inputs.position_ids))
+        )
+        with engine_attention(self.device, g + 1), nullcontext() if layout is None else ragged_forward(layout):
             out = self.target(
-                input_ids=ids, position_ids=positions, attention_mask=inputs.attention_mask,
-                output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=inputs.attention_mask,
+                output_hidden_states=self.hidden_request,
+                use_cache=True,
+                **{CACHE_KWARG: self.target_cache},
             )  # ragged: (1, T, ...) outputs, unpacked to (b, g + 1, ...) below
         features = self.drafter_proposer.features(out.hidden_states) if self.use_drafter else None
-        return VerifyOutput(*unpacked(layout, out.logits, features), inputs.position_ids,
-                            num_verified if ragged else b * (g + 1), ragged)
+        return VerifyOutput(
+            *unpacked(layout, out.logits, features),
+            inputs.position_ids,
+            num_verified if ragged else b * (g + 1),
+            ragged,
+        )
 
-    def _commit(self, drafts: Drafts, verified: VerifyOutput, paths: list[list[int]], accept_lengths: torch.Tensor,
-                next_tokens: torch.Tensor) -> list[list[int]]:
+    def _commit(
+        self,
+        drafts: Drafts,
+        verified: VerifyOutput,
+        paths: list[list[int]],
+        accept_lengths: torch.Tensor,
+        next_tokens: torch.Tensor,
+    ) -> list[list[int]]:
         """Keep slots up to the furthest accepted one (the rest of each row becomes a hole); returns per row the
         verify slots that hold accepted tokens."""
         g = drafts.draft_tokens.shape[1]
@@ -405,25 +490,53 @@ class SpeculativeBatch:
         self.last_token = next_tokens
         return slots
 
-    def _report(self, drafts: Drafts, verified: VerifyOutput, paths: list[list[int]], slots: list[list[int]],
-                next_tokens: torch.Tensor, accept_lengths: torch.Tensor, sources: list[str], draft_time: float,
-                verify_time: float, failed: list[int]) -> tuple[list[list[int]], list[RowUpdate]]:
+    def _report(
+        self,
+        drafts: Drafts,
+        verified: VerifyOutput,
+        paths: list[list[int]],
+        slots: list[list[int]],
+        next_tokens: torch.Tensor,
+        accept_lengths: torch.Tensor,
+        sources: list[str],
+        draft_time: float,
+        verify_time: float,
+        failed: list[int],
+    ) -> tuple[list[list[int]], list[RowUpdate]]:
         """Hand out the tokens, tell ``on_round`` (and failed drafts) and the observer -> (chunks, updates)."""
         drafts_list = drafts.num_drafts.tolist()
         checked = drafts_list if drafts.parents is None else checked_along_paths(drafts.parents, paths, drafts_list)
         if self.on_round is not None:
-            self.on_round(RoundStats(list(self.ids), accept_lengths.tolist(), [n + 1 for n in drafts_list], draft_time,
-                                     verify_time, sources, tree=drafts.parents is not None, checked=checked,
-                                     draft_failures=len(set(failed) | set(failed_rows(self.policy)))))
+            self.on_round(
+                RoundStats(
+                    list(self.ids),
+                    accept_lengths.tolist(),
+                    [n + 1 for n in drafts_list],
+                    draft_time,
+                    verify_time,
+                    sources,
+                    tree=drafts.parents is not None,
+                    checked=checked,
+                    draft_failures=len(set(failed) | set(failed_rows(self.policy))),
+                )
+            )
         tokens_list = drafts.draft_tokens.tolist()
-        chunks = [[tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))]
+        chunks = [
+            [tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))
+        ]
         updates = self._emit(list(self.ids), chunks, sources)
         if self.observer is not None:
             features = verified.features
             for i, (update, n) in enumerate(zip(updates, checked)):
                 index = slots[i][: len(update.tokens)]
-                self.observer.on_round(update.row_id, None if features is None else features[i, index],
-                                       verified.target_logits[i, index], update.tokens, n, update.source)
+                self.observer.on_round(
+                    update.row_id,
+                    None if features is None else features[i, index],
+                    verified.target_logits[i, index],
+                    update.tokens,
+                    n,
+                    update.source,
+                )
         return chunks, updates
 
     def _emit(self, ids, chunks, sources) -> list[RowUpdate]:
