@@ -18,6 +18,7 @@ from adaflash_hf._compat import (
     ragged_forward,
     supports_ragged,
 )
+from adaflash_hf.decoding import membership
 from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.draft_tree import tree_attention_mask
@@ -209,7 +210,8 @@ def ragged_calls(monkeypatch):
         finally:
             prefilling.pop()
 
-    monkeypatch.setattr(state_module, "ragged_forward", counting)
+    for module in (state_module, membership):  # verifications and prefills
+        monkeypatch.setattr(module, "ragged_forward", counting)
     monkeypatch.setattr(SpeculativeBatch, "_prefill", marked_prefill)
     return used
 

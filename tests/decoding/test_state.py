@@ -226,7 +226,7 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
     """Rounds that skip the drafter leave their features unread; the round that resumes drafting reads them all. The
     policy is told that round's time less the catching-up share of the drafter pass (by tokens), so a long hold does
     not make speculation look dearer than a drafter running every round would."""
-    from adaflash_hf.decoding import learning
+    from adaflash_hf.decoding import learning, membership
     from adaflash_hf.decoding import state as state_module
     from adaflash_hf.decoding.proposers import drafter as drafter_module
     from adaflash_hf.decoding.proposers.drafter import catch_up_seconds
@@ -249,7 +249,7 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
             self.reported.append((seconds, proposed))
 
     clock = [0.0]
-    for module in (state_module, drafter_module, learning):  # every clock the round reads
+    for module in (state_module, membership, drafter_module, learning):  # every clock the round reads
         monkeypatch.setattr(module, "timer", lambda device: clock[0])
     real_draft_block = drafter_module.draft_block
     read = []
