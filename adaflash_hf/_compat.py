@@ -140,7 +140,9 @@ def folds(module, query: torch.Tensor, attention_mask: torch.Tensor | None, drop
     return masked_ok and (q == 1 or (b >= FOLD_MIN_ROWS and q <= FOLD_MAX_QUERIES))
 
 
-def folded_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+def folded_sdpa(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
+):
     """SDPA for grouped-query attention with each key/value head's query heads folded into the query axis.
 
     query (b, H, q, d), key/value (b, H_kv, S, d), mask (b or 1, 1, q, S) or None -> ((b, q, H, d), None),
@@ -159,7 +161,11 @@ def folded_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
     folded = query.reshape(b, kv_heads, groups * q, d)
     mask = attention_mask
     if mask is not None:
-        mask = mask[:, :, None].expand(mask.shape[0], 1, groups, q, mask.shape[-1]).reshape(mask.shape[0], 1, groups * q, -1)
+        mask = (
+            mask[:, :, None]
+            .expand(mask.shape[0], 1, groups, q, mask.shape[-1])
+            .reshape(mask.shape[0], 1, groups * q, -1)
+        )
     out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(b, heads, q, d).transpose(1, 2).contiguous(), None
 
@@ -191,7 +197,9 @@ def _engine_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
     anchors, weights = _attend(module, padded[:, :, :1], key, value, attention_mask[:, :, :1], *args, **kwargs)
     out = anchors.expand(-1, width, -1, -1).clone()  # (b, W, H, d)
     if long_rows.numel():
-        rest, _ = _attend(module, padded[long_rows], key[long_rows], value[long_rows], attention_mask[long_rows], *args, **kwargs)
+        rest, _ = _attend(
+            module, padded[long_rows], key[long_rows], value[long_rows], attention_mask[long_rows], *args, **kwargs
+        )
         out[long_rows] = rest
     return layout.pack(out), weights
 
@@ -202,7 +210,8 @@ def supports_ragged(model: torch.nn.Module) -> bool:
 
 
 _OVERRIDE_LOCK = threading.Lock()
-_OVERRIDE_USERS = [0, None, None]  # forwards inside ragged_forward across threads; the "sdpa" override they replaced; stock SDPA
+# forwards inside ragged_forward across threads; the "sdpa" override they replaced; stock SDPA
+_OVERRIDE_USERS = [0, None, None]
 
 
 @contextmanager

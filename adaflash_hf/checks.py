@@ -21,11 +21,19 @@ def check_device(device: str | torch.device) -> torch.device:
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device {device!r} is not a device torch knows ({error}); use e.g. 'cpu', 'cuda' or 'cuda:1'.") from None
+        raise ValueError(
+            f"device {device!r} is not a device torch knows ({error}); use e.g. 'cpu', 'cuda' or 'cuda:1'."
+        ) from None
     if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        found = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device this torch build can use"
-        raise ValueError(f"device {str(device)!r} is not available: this machine has {found}. Use 'cpu', or install a "
-                         "CUDA build of torch on a machine with a GPU.")
+        found = (
+            f"{torch.cuda.device_count()} CUDA device(s)"
+            if torch.cuda.is_available()
+            else "no CUDA device this torch build can use"
+        )
+        raise ValueError(
+            f"device {str(device)!r} is not available: this machine has {found}. Use 'cpu', or install a "
+            "CUDA build of torch on a machine with a GPU."
+        )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device 'mps' is not available on this machine; use 'cpu'.")
     return device
@@ -48,9 +56,7 @@ def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
         problems.append(f"vocabulary: drafter {dc.vocab_size} vs target {vocab_rows} embedding rows")
     bad_layers = [i for i in dc.target_layer_ids if not 0 <= i < text.num_hidden_layers]
     if bad_layers:
-        problems.append(
-            f"target_layer_ids {bad_layers} out of range for a target with {text.num_hidden_layers} layers"
-        )
+        problems.append(f"target_layer_ids {bad_layers} out of range for a target with {text.num_hidden_layers} layers")
     if not 0 <= dc.mask_token_id < vocab_rows:
         problems.append(f"mask_token_id {dc.mask_token_id} outside the target vocabulary [0, {vocab_rows})")
     if dc.block_size < 2:
@@ -69,8 +75,9 @@ def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
         )
 
 
-def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, streamer=None,
-                       vocab_size: int | None = None) -> torch.Tensor:
+def check_prompt_batch(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, streamer=None, vocab_size: int | None = None
+) -> torch.Tensor:
     """Validate a batch of prompts; return the attention mask (all ones for a single row without one).
 
     With ``vocab_size`` (the target's embedding rows), token ids outside ``[0, vocab_size)`` are refused.
@@ -82,10 +89,15 @@ def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
             "Tokenize with return_tensors='pt'."
         )
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids (a LongTensor), got {input_ids.dtype}. Tokenize with return_tensors='pt'.")
+        raise ValueError(
+            f"input_ids must hold integer token ids (a LongTensor), got {input_ids.dtype}. "
+            "Tokenize with return_tensors='pt'."
+        )
     batch_size, length = input_ids.shape
     if batch_size == 0 or length == 0:
-        raise ValueError(f"empty prompt batch (input_ids shape {tuple(input_ids.shape)}): give at least one token per prompt.")
+        raise ValueError(
+            f"empty prompt batch (input_ids shape {tuple(input_ids.shape)}): give at least one token per prompt."
+        )
     if vocab_size is not None:
         check_token_ids(input_ids, vocab_size)
     if attention_mask is None:
@@ -96,10 +108,14 @@ def check_prompt_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
             )
         return torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}.")
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}."
+        )
     empty = (attention_mask.sum(-1) == 0).nonzero().flatten().tolist()
     if empty:
-        raise ValueError(f"prompt rows {empty} are empty (attention_mask all zero): give at least one token per prompt.")
+        raise ValueError(
+            f"prompt rows {empty} are empty (attention_mask all zero): give at least one token per prompt."
+        )
     if bool((attention_mask[:, -1] == 0).any()):
         raise ValueError(
             "the batch is right-padded (attention_mask ends in 0): decoder-only generation needs left padding; "
@@ -131,12 +147,16 @@ def check_verify_len(verify_len: int, drafter, drafting) -> None:
     matches (the suffix, global and datastore sources), whichever of the enabled sources is longer.
     """
     block = drafter.config.block_size if drafter is not None and drafting.drafter else None
-    matches = drafting.suffix or drafting.global_index or (
-        drafting.datastore and getattr(drafter, "adaflash_datastore", None) is not None)
+    matches = (
+        drafting.suffix
+        or drafting.global_index
+        or (drafting.datastore and getattr(drafter, "adaflash_datastore", None) is not None)
+    )
     longest = max((block or 1) - 1, drafting.max_suffix_tokens if matches else 0)
     if not 1 <= verify_len <= longest + 1:
         parts = ([f"the drafter's block of {block} gives {block - 1}"] if block else []) + (
-            [f"suffix matches give up to {drafting.max_suffix_tokens}"] if matches else [])
+            [f"suffix matches give up to {drafting.max_suffix_tokens}"] if matches else []
+        )
         raise ValueError(
             f"verify_len={verify_len}: a round verifies the anchor plus at most {longest} drafts ({'; '.join(parts)}), "
             f"so choose 1..{longest + 1}, or leave it unset for the goodput policy."

@@ -81,17 +81,17 @@ COMMANDS: dict[str, Command] = {
         "Serve the target over an OpenAI-compatible HTTP API (localhost by default), with continuous batching.",
     ),
     "cache-features": Command(
-        "adaflash_hf.training.configs:CacheFeaturesConfig",
+        "adaflash_hf.training.data_configs:CacheFeaturesConfig",
         "adaflash_hf.training.features:cache_features",
         "Run the target once over the cached responses and keep the drafter's context on disk (resumable).",
     ),
     "generate-data": Command(
-        "adaflash_hf.training.configs:GenerateDataConfig",
+        "adaflash_hf.training.data_configs:GenerateDataConfig",
         "adaflash_hf.training.data:generate_data",
         "Cache the target's own greedy responses to training prompts (resumable), for train-drafter.",
     ),
     "prepare-drafter": Command(
-        "adaflash_hf.training.configs:PrepareDrafterConfig",
+        "adaflash_hf.training.data_configs:PrepareDrafterConfig",
         "adaflash_hf.training.vocab:run_prepare_drafter",
         "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter.",
     ),

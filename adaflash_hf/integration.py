@@ -77,8 +77,9 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
             self.policy.cost_model = state.cost_model
         self.state = state
         self.sequence_drafter = _SequenceDrafter(self) if self.use_drafter else None
-        self.proposer = HybridProposer(state, self.drafting, self.sequence_drafter,
-                                       getattr(drafter, "adaflash_datastore", None))
+        self.proposer = HybridProposer(
+            state, self.drafting, self.sequence_drafter, getattr(drafter, "adaflash_datastore", None)
+        )
         self._candidates: list = []  # the last proposal's candidates, which the estimator learns from
         state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         # Ask the target for just the context layers, unless the user wants every hidden state returned
@@ -92,14 +93,18 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._cached_len = 0  # target tokens whose features are in the drafter cache
         self._waiting: list[torch.Tensor] = []  # features of later tokens, not yet read by the drafter
         self._known = 0  # tokens of the sequence already in the proposer's history
-        self._pending: tuple | None = None  # (drafts, source, draft_time, verify_start, drafter_seconds) of the open round
+        self._pending: tuple | None = (
+            None  # (drafts, source, draft_time, verify_start, drafter_seconds) of the open round
+        )
         self.observer = observer
         self._row_id = ("generate", next(_REQUESTS))
         self._recorded = 0  # tokens of the sequence the observer has seen
         self._last_round = (0, NONE)  # (num_drafts, source) of the round the next get_candidates reports
 
     @torch.inference_mode()
-    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs):
+    def get_candidates(
+        self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, n_last_matches=0, **kwargs
+    ):
         if self.observer is not None:
             self.observer.before_round()
         # The first call precedes the target's prefill: propose nothing, let it compute hidden states.
@@ -129,23 +134,34 @@ class AdaFlashCandidateGenerator(CandidateGenerator):
         self._candidates = proposal.candidates
         block = proposal.block
         draft_hidden, drafter_seconds = (None, None) if block is None else (block.hidden, block.seconds)
-        verify_len = int(self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)[0]) if proposal.tokens.shape[1] else 1
+        verify_len = (
+            int(self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)[0])
+            if proposal.tokens.shape[1]
+            else 1
+        )
         num_drafts = min(verify_len - 1, int(proposal.lengths[0]), self.max_length - seq_len - 1)
         if num_drafts <= 0:
             self._pending = (0, NONE, time.perf_counter() - start, time.perf_counter(), drafter_seconds)
             return input_ids, None
         draft_tokens = proposal.tokens[:, :num_drafts].to(input_ids.device)  # (1, g)
-        self._pending = (num_drafts, proposal.sources[0], time.perf_counter() - start, time.perf_counter(),
-                         drafter_seconds)
+        self._pending = (
+            num_drafts,
+            proposal.sources[0],
+            time.perf_counter() - start,
+            time.perf_counter(),
+            drafter_seconds,
+        )
         # Deterministic drafts are exact one-hot proposals: returning no logits makes transformers verify
         # by sampling from the target and matching, which is lossless at any temperature.
         return torch.cat([input_ids, draft_tokens], dim=1), None
 
     def _record(self, input_ids: torch.Tensor, features: torch.Tensor, logits: torch.Tensor) -> None:
         """Hand the observer the tokens the last target forward processed (prefill: the prompt)."""
-        new = input_ids[0, self._recorded:].tolist()
+        new = input_ids[0, self._recorded :].tolist()
         if self._recorded == self._prompt_len:
-            self.observer.on_prefill(self._row_id, input_ids[0, : self._recorded].tolist(), features, logits[-1], new[0])
+            self.observer.on_prefill(
+                self._row_id, input_ids[0, : self._recorded].tolist(), features, logits[-1], new[0]
+            )
         else:
             num_drafts, source = self._last_round
             self.observer.on_round(self._row_id, features, logits[: len(new)], new, num_drafts, source)
@@ -194,8 +210,16 @@ class _SequenceDrafter:
         tick = time.perf_counter()
         context = torch.cat(gen._waiting, dim=1)
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)  # (1, seq_len)
-        hidden = draft_block(gen.drafter, gen.embed, input_ids[:, -1], context,
-                             positions[:, gen._cached_len : processed], positions[:, -1], mask[:, :processed], gen.cache)
+        hidden = draft_block(
+            gen.drafter,
+            gen.embed,
+            input_ids[:, -1],
+            context,
+            positions[:, gen._cached_len : processed],
+            positions[:, -1],
+            mask[:, :processed],
+            gen.cache,
+        )
         gen._cached_len, gen._waiting = processed, []
         tokens, top_probs, logits = top_probs_and_tokens(gen.head, hidden[:, 1:])
         return DrafterBlock(tokens, top_probs, gen.head.scorer(logits), logits, hidden, time.perf_counter() - tick)
@@ -209,7 +233,8 @@ def _generate(self, *args, **kwargs):
         if num_beams > 1 and kwargs.get("speculation_type", config.speculation_type) != "dflash":
             raise ValueError(
                 f"num_beams={num_beams} asks for beam search, which an AdaFlash drafter cannot speed up: speculative "
-                "decoding verifies one sequence's drafts. Set num_beams=1 (greedy or sampling), or drop assistant_model."
+                "decoding verifies one sequence's drafts. Set num_beams=1 (greedy or sampling), or drop "
+                "assistant_model."
             )
     try:
         return super(type(self), self).generate(*args, **kwargs)
@@ -219,12 +244,22 @@ def _generate(self, *args, **kwargs):
             generator.end_recording()
 
 
-def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                             assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+def _get_candidate_generator(
+    self,
+    generation_config,
+    input_ids,
+    inputs_tensor,
+    logits_processor,
+    model_kwargs,
+    assistant_model=None,
+    target_tokenizer=None,
+    assistant_tokenizer=None,
+):
     if is_adaflash_drafter(assistant_model) and generation_config.speculation_type != "dflash":
         if input_ids.shape[0] > 1:
             raise ValueError(
-                f"transformers' assisted generation runs one sequence at a time, but got a batch of {input_ids.shape[0]}. "
+                "transformers' assisted generation runs one sequence at a time, but got a batch of "
+                f"{input_ids.shape[0]}. "
                 "For batches use adaflash_hf.generate(target, drafter, input_ids, attention_mask, ...), which "
                 "advances every row by its own accepted length."
             )
@@ -232,20 +267,31 @@ def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, 
         previous = getattr(self, "adaflash_last_generator", None)
         if previous is not None:
             previous.finish()
-        generator = AdaFlashCandidateGenerator(self, assistant_model, generation_config, getattr(self, "adaflash_verify_policy", None),
-                                               getattr(self, "adaflash_drafting", None),
-                                               observer=getattr(self, "adaflash_observer", None))
+        generator = AdaFlashCandidateGenerator(
+            self,
+            assistant_model,
+            generation_config,
+            getattr(self, "adaflash_verify_policy", None),
+            getattr(self, "adaflash_drafting", None),
+            observer=getattr(self, "adaflash_observer", None),
+        )
         self.adaflash_last_generator = generator
         return generator
     return super(type(self), self)._get_candidate_generator(
-        generation_config=generation_config, input_ids=input_ids, inputs_tensor=inputs_tensor,
-        logits_processor=logits_processor, model_kwargs=model_kwargs, assistant_model=assistant_model,
-        target_tokenizer=target_tokenizer, assistant_tokenizer=assistant_tokenizer,
+        generation_config=generation_config,
+        input_ids=input_ids,
+        inputs_tensor=inputs_tensor,
+        logits_processor=logits_processor,
+        model_kwargs=model_kwargs,
+        assistant_model=assistant_model,
+        target_tokenizer=target_tokenizer,
+        assistant_tokenizer=assistant_tokenizer,
     )
 
 
-def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy | None = None,
-                    drafting: DraftingConfig | None = None) -> PreTrainedModel:
+def enable_adaflash(
+    target: PreTrainedModel, verify_policy: VerifyLengthPolicy | None = None, drafting: DraftingConfig | None = None
+) -> PreTrainedModel:
     """Make ``target.generate(assistant_model=drafter)`` and pipelines use AdaFlash; returns ``target``.
 
     Idempotent. Only this object changes (its class becomes a same-named subclass), so other models
@@ -259,13 +305,17 @@ def enable_adaflash(target: PreTrainedModel, verify_policy: VerifyLengthPolicy |
         raise TypeError(f"enable_adaflash expects a transformers generative model, got {type(target).__name__}.")
     if not getattr(type(target), "_adaflash_enabled", False):
         cls = type(target)
-        target.__class__ = type(cls.__name__, (cls,), {
-            "generate": _generate,
-            "_get_candidate_generator": _get_candidate_generator,
-            "_adaflash_enabled": True,
-            "__module__": cls.__module__,
-            "__qualname__": cls.__qualname__,
-        })
+        target.__class__ = type(
+            cls.__name__,
+            (cls,),
+            {
+                "generate": _generate,
+                "_get_candidate_generator": _get_candidate_generator,
+                "_adaflash_enabled": True,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+            },
+        )
     if verify_policy is not None:
         target.adaflash_verify_policy = verify_policy
     if drafting is not None:
@@ -277,5 +327,7 @@ def last_generation_stats(target: PreTrainedModel) -> SpeculativeStats:
     """Statistics of the latest ``target.generate(assistant_model=drafter)`` call."""
     generator = getattr(target, "adaflash_last_generator", None)
     if generator is None:
-        raise RuntimeError("no AdaFlash generation has run on this model yet: call enable_adaflash(target), then generate.")
+        raise RuntimeError(
+            "no AdaFlash generation has run on this model yet: call enable_adaflash(target), then generate."
+        )
     return generator.stats

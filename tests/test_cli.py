@@ -398,7 +398,8 @@ def test_help_of_every_command_imports_no_torch_or_transformers():
     module only, so it is instant. Imports are checked, not time.
 
     A config dataclass must live where torch is not imported at module level (bench.py, profile.py,
-    training/configs.py, online/bench_opd.py), in packages whose ``__init__`` loads nothing heavy eagerly.
+    training/configs.py, training/data_configs.py, online/bench_opd.py), in packages whose ``__init__`` loads
+    nothing heavy eagerly.
     """
     import subprocess
     import sys

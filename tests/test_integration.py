@@ -37,9 +37,11 @@ def test_generate_with_assistant_is_lossless_for_every_draft_source(target, draf
 
     prompts = random_prompts((6, 9), seed=13)
     answers = [greedy_reference(target, p, 40, eos=False) for p in prompts]
-    save_datastore([a[len(p):] for a, p in zip(answers, prompts)], tmp_path / "datastore.safetensors")
+    save_datastore([a[len(p) :] for a, p in zip(answers, prompts)], tmp_path / "datastore.safetensors")
     drafter.adaflash_datastore = load_datastore(tmp_path / "datastore.safetensors")
-    enable_adaflash(target, verify_policy=FixedVerifyLength(), drafting=DraftingConfig.only(source))  # no timing in the choices
+    enable_adaflash(
+        target, verify_policy=FixedVerifyLength(), drafting=DraftingConfig.only(source)
+    )  # no timing in the choices
     for answer in answers:
         default_drafting_state(target).remember(answer)  # earlier requests of this process
     for prompt in prompts:
@@ -57,7 +59,9 @@ def test_generate_with_oracle_long_acceptance(target, drafter):
     prompt = random_prompts((6,), seed=9)[0]
     enable_adaflash(target)
     want = target.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False)
-    oracle = OracleDrafter(drafter.config).setup(target, {0: greedy_reference(target, prompt, 60, eos=False)}, 0.1).eval()
+    oracle = (
+        OracleDrafter(drafter.config).setup(target, {0: greedy_reference(target, prompt, 60, eos=False)}, 0.1).eval()
+    )
     got = target.generate(torch.tensor([prompt]), assistant_model=oracle, max_new_tokens=30, do_sample=False)
     assert torch.equal(got, want)
     assert last_generation_stats(target).mean_accepted_length > 2
@@ -67,8 +71,15 @@ def test_return_dict_hidden_states_scores_streamer_and_stopping(target, drafter)
     enable_adaflash(target)
     ids = torch.tensor([random_prompts((5,))[0]])
     want = target.generate(ids, max_new_tokens=12, do_sample=False)
-    out = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
-                          output_hidden_states=True, output_scores=True)
+    out = target.generate(
+        ids,
+        assistant_model=drafter,
+        max_new_tokens=12,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_hidden_states=True,
+        output_scores=True,
+    )
     assert torch.equal(out.sequences, want)
     assert len(out.scores) == out.sequences.shape[1] - ids.shape[1]
     streamed = []
@@ -84,8 +95,14 @@ def test_return_dict_hidden_states_scores_streamer_and_stopping(target, drafter)
         def __call__(self, input_ids, scores, **kwargs):
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= ids.shape[1] + 4, dtype=torch.bool)
 
-    got = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False, streamer=Streamer(),
-                          stopping_criteria=StoppingCriteriaList([StopAfter()]))
+    got = target.generate(
+        ids,
+        assistant_model=drafter,
+        max_new_tokens=12,
+        do_sample=False,
+        streamer=Streamer(),
+        stopping_criteria=StoppingCriteriaList([StopAfter()]),
+    )
     assert streamed == got[0].tolist()
     assert got.shape[1] >= ids.shape[1] + 4 and torch.equal(got[0], want[0, : got.shape[1]])
 
@@ -129,7 +146,9 @@ def word_tokenizer():
 
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def test_pipeline_with_assistant_matches_plain_pipeline(target, drafter):

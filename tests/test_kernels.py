@@ -21,7 +21,9 @@ from adaflash_hf.kernels import (
 
 from conftest import left_pad, random_prompts, tiny_target
 
-BF16 = pytest.mark.skipif(not packing_available(torch.bfloat16), reason="this torch build or CPU has no oneDNN bf16 linear ops")
+BF16 = pytest.mark.skipif(
+    not packing_available(torch.bfloat16), reason="this torch build or CPU has no oneDNN bf16 linear ops"
+)
 FP32 = pytest.mark.skipif(not packing_available(torch.float32), reason="this torch build has no oneDNN fp32 linear ops")
 DTYPES = [pytest.param(torch.bfloat16, marks=BF16, id="bf16"), pytest.param(torch.float32, marks=FP32, id="fp32")]
 
@@ -34,7 +36,9 @@ def same_outputs(a: torch.Tensor, b: torch.Tensor) -> bool:
 def packed_pair(arch: str = "llama", dtype: torch.dtype = torch.bfloat16):
     stock = tiny_target(arch).to(dtype)
     packed = copy.deepcopy(stock)
-    assert pack_linear_weights(packed, check_speed=False) == sum(isinstance(m, torch.nn.Linear) for m in stock.modules())
+    assert pack_linear_weights(packed, check_speed=False) == sum(
+        isinstance(m, torch.nn.Linear) for m in stock.modules()
+    )
     return stock, packed
 
 

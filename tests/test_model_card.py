@@ -10,13 +10,8 @@ from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from adaflash_hf.drafters import BUNDLED_DIR
-from adaflash_hf.model_card import (
-    BUNDLED_CARDS,
-    _wall_time_line,
-    adapter_card,
-    bundled_card,
-    write_model_card,
-)
+from adaflash_hf.model_card import _wall_time_line, adapter_card
+from adaflash_hf.model_card_files import BUNDLED_CARDS, bundled_card, write_model_card
 from adaflash_hf.targets import PRESETS
 from adaflash_hf.training.trainer import TrainDrafterConfig
 
@@ -53,7 +48,7 @@ def test_every_card_parses_as_hub_metadata_and_its_model_index_round_trips(name)
 def test_bundled_readme_and_model_cards_file_are_what_the_generator_writes(name):
     expected = str(bundled_card(BUNDLED[name], ROOT))
     for path in (BUNDLED_DIR / BUNDLED[name].folder / "README.md", ROOT / "model_cards" / f"{name}.md"):
-        assert path.read_text() == expected, f"{path} is stale: run `python -m adaflash_hf.model_card`"
+        assert path.read_text() == expected, f"{path} is stale: run `python -m adaflash_hf.model_card_files`"
         assert ModelCard.load(path).data.to_dict() == ModelCard(expected).data.to_dict()
 
 

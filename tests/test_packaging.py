@@ -35,3 +35,19 @@ def test_package_data_covers_the_shipped_prompts(pyproject):
     package = Path(adaflash_hf.__file__).parent
     shipped = {p for pattern in patterns for p in package.glob(pattern)}
     assert package / "data" / "instruct_prompts.jsonl" in shipped
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    """Each module owns one concept; past this many lines it is split by concept. The bundled Hub copies of the
+    drafter and length-head files are exempt: they must stay byte-identical to the published folders."""
+    package = ROOT / "adaflash_hf"
+    too_long = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted(package.rglob("*.py"))
+        if "bundled" not in path.relative_to(package).parts
+        and (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert too_long == {}, f"modules over {MAX_MODULE_LINES} lines: split them by concept"

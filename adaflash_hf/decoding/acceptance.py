@@ -59,8 +59,10 @@ class AcceptanceEstimator:
 
     def export(self) -> dict:
         """The counts as JSON-ready data: what :meth:`seed` reads (``acceptance_prior.json`` beside a drafter)."""
-        entries = [[source, list(feature), round(self.hits.get((source, feature), 0.0), 3), round(seen, 3)]
-                   for (source, feature), seen in self.seen.items()]
+        entries = [
+            [source, list(feature), round(self.hits.get((source, feature), 0.0), 3), round(seen, 3)]
+            for (source, feature), seen in self.seen.items()
+        ]
         return {"format": PRIOR_FORMAT, "version": 1, "entries": entries}
 
     def seed(self, prior: dict, cap: float = 16.0) -> None:
@@ -86,8 +88,10 @@ def load_acceptance_prior(path: str | Path) -> dict:
             if source not in AcceptanceEstimator.PRIORS or not isinstance(feature, list) or not 0 <= hits <= seen:
                 raise ValueError(f"entry {entry!r} is not [source, feature, hits <= seen]")
     except (OSError, ValueError, TypeError) as error:
-        raise OSError(f"The acceptance prior {path} cannot be read ({error}): rebuild it with `adaflash prepare-drafter "
-                      "--acceptance-prompts N`, or delete it (the engine then learns acceptance rates from scratch).") from error
+        raise OSError(
+            f"The acceptance prior {path} cannot be read ({error}): rebuild it with `adaflash prepare-drafter "
+            "--acceptance-prompts N`, or delete it (the engine then learns acceptance rates from scratch)."
+        ) from error
     return prior
 
 

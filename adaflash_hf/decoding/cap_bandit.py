@@ -37,7 +37,9 @@ class CapBandit:
         runs (the arms explored beside it must not make speculation as a whole look worse than it is); only arms
         with at least ``min_cap_steps`` plain steps' worth of decayed evidence compete, so one lucky round cannot
         stand for an arm. None without such evidence."""
-        rates = [sums[0] / sums[1] for (b, _), sums in self.capped.items() if b == bucket and sums[1] >= self.min_cap_steps]
+        rates = [
+            sums[0] / sums[1] for (b, _), sums in self.capped.items() if b == bucket and sums[1] >= self.min_cap_steps
+        ]
         return max(rates) if rates else None
 
     def choose(self, bucket: int) -> int | None:
@@ -56,7 +58,9 @@ class CapBandit:
             turn = n // self.cap_explore_every
             others = [cap for cap in arms if cap != best]
             if turn % self.cap_prune_every:  # most turns: only the arms close to the best
-                others = [cap for cap in others if self.cap_rate(bucket, cap) >= self.cap_prune * self.cap_rate(bucket, best)]
+                others = [
+                    cap for cap in others if self.cap_rate(bucket, cap) >= self.cap_prune * self.cap_rate(bucket, best)
+                ]
             return others[turn % len(others)] if others else best
         return best
 

@@ -155,8 +155,9 @@ class VerifyCostModel:
         return self.seconds[n] / (1 + self.prior_slope * (n - num_tokens))
 
     @torch.inference_mode()
-    def calibrate_rows(self, target, row_counts=(2, 4, 8, 16, 32), context: int = 128,
-                       widths: tuple[int, ...] = (1,)) -> dict[tuple[int, int], float]:
+    def calibrate_rows(
+        self, target, row_counts=(2, 4, 8, 16, 32), context: int = 128, widths: tuple[int, ...] = (1,)
+    ) -> dict[tuple[int, int], float]:
         """Time forwards of each number of rows with each width (new tokens per row: 1 is a plain
         decode step, g + 1 a verification of g drafts), each after ``context`` cached tokens.
 
@@ -172,8 +173,11 @@ class VerifyCostModel:
         measured = {}
         for rows in row_counts:
             cache = RaggedCache()  # the engine's cache: timings include what its updates cost
-            target(input_ids=torch.randint(0, vocab, (rows, context), generator=generator).to(device), use_cache=True,
-                   **{CACHE_KWARG: cache})
+            target(
+                input_ids=torch.randint(0, vocab, (rows, context), generator=generator).to(device),
+                use_cache=True,
+                **{CACHE_KWARG: cache},
+            )
             for width in widths:
                 step = torch.randint(0, vocab, (rows, width), generator=generator).to(device)
                 best = float("inf")
@@ -189,8 +193,9 @@ class VerifyCostModel:
         return measured
 
     @torch.inference_mode()
-    def calibrate(self, target, token_counts=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), context: int = 128,
-                  repeats: int = 2) -> dict[int, float]:
+    def calibrate(
+        self, target, token_counts=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), context: int = 128, repeats: int = 2
+    ) -> dict[int, float]:
         """Time target forwards of each token count after ``context`` cached tokens (start-up profile).
 
         Rows of a real batch are separate sequences, but the cost of a forward on a CPU or GPU is

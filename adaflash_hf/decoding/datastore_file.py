@@ -23,8 +23,10 @@ def load_datastore(path: str | Path, max_n: int = 4) -> NGramIndex:
         if {"tokens", "lengths"} - tensors.keys() or int(tensors["lengths"].sum()) != tensors["tokens"].numel():
             raise ValueError("it needs a flat 'tokens' tensor and the 'lengths' of its streams, summing to its size")
     except (SafetensorError, ValueError) as error:
-        raise OSError(f"The datastore {path} cannot be read ({error}): download or build it again "
-                      "(adaflash prepare-drafter), or delete it to draft without one.") from error
+        raise OSError(
+            f"The datastore {path} cannot be read ({error}): download or build it again "
+            "(adaflash prepare-drafter), or delete it to draft without one."
+        ) from error
     index = NGramIndex(max_n)
     for stream in torch.split(tensors["tokens"].long(), tensors["lengths"].tolist()):
         index.start_stream(stream.tolist())
@@ -36,5 +38,10 @@ def save_datastore(streams: Sequence[Sequence[int]], path: str | Path) -> None:
     """Write token streams as a ``datastore.safetensors`` (a flat ``tokens`` tensor and the streams' ``lengths``)."""
     from safetensors.torch import save_file
 
-    save_file({"tokens": torch.tensor([t for s in streams for t in s], dtype=torch.int32),
-               "lengths": torch.tensor([len(s) for s in streams], dtype=torch.int64)}, str(path))
+    save_file(
+        {
+            "tokens": torch.tensor([t for s in streams for t in s], dtype=torch.int32),
+            "lengths": torch.tensor([len(s) for s in streams], dtype=torch.int64),
+        },
+        str(path),
+    )

@@ -22,16 +22,24 @@ class DraftHead:
 
     def __init__(self, lm_head: torch.nn.Module, vocab: torch.Tensor | None):
         self.vocab = vocab
-        self.weight = lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
-        self.bias = None if getattr(lm_head, "bias", None) is None else (
-            lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
+        self.weight = (
+            lm_head.weight if vocab is None else lm_head.weight.index_select(0, vocab.to(lm_head.weight.device))
+        )
+        self.bias = (
+            None
+            if getattr(lm_head, "bias", None) is None
+            else (lm_head.bias if vocab is None else lm_head.bias.index_select(0, vocab.to(lm_head.bias.device)))
+        )
         self.packed = None
         if isinstance(lm_head, PackedLinear) and can_pack(self.weight):  # the full head is packed already: share it
             self.packed = lm_head._fresh_packed() if vocab is None else pack_weight(self.weight)
         vocab_size, device = lm_head.weight.shape[0], lm_head.weight.device
         draft_ids = torch.arange(vocab_size, device=device) if vocab is None else vocab.to(device)
-        self._index = torch.full((vocab_size,), -1, dtype=torch.long, device=device).index_copy_(  # target id -> draft index
-            0, draft_ids, torch.arange(draft_ids.numel(), device=device))
+        self._index = torch.full(
+            (vocab_size,), -1, dtype=torch.long, device=device
+        ).index_copy_(  # target id -> draft index
+            0, draft_ids, torch.arange(draft_ids.numel(), device=device)
+        )
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V_draft) logits over the draft vocabulary."""
@@ -55,7 +63,6 @@ class DraftHead:
             return probs
         full = probs.new_zeros(*probs.shape[:-1], vocab_size)
         return full.index_copy_(-1, self.vocab.to(probs.device), probs)
-
 
 
 class BlockScorer:
@@ -92,8 +99,11 @@ class BlockScorer:
         return out
 
 
-def top_probs_and_tokens(head: DraftHead, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drafter hidden states (b, g, H) -> (target ids (b, g), top-1 probabilities (b, g), draft-vocab logits (b, g, V_d))."""
+def top_probs_and_tokens(
+    head: DraftHead, hidden_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drafter hidden states (b, g, H) -> (target ids (b, g), top-1 probabilities (b, g), draft-vocab logits
+    (b, g, V_d))."""
     logits = head.logits(hidden_states)
     top_logit, top_index = logits.max(-1)
     top_prob = torch.exp(top_logit.float() - torch.logsumexp(logits.float(), dim=-1))

@@ -49,7 +49,9 @@ class DraftTree:
         return len(self.tokens)
 
 
-def build_tree(candidates: Sequence[tuple[Sequence[int], Sequence[float]]], max_nodes: int, max_depth: int) -> DraftTree:
+def build_tree(
+    candidates: Sequence[tuple[Sequence[int], Sequence[float]]], max_nodes: int, max_depth: int
+) -> DraftTree:
     """Merge candidate continuations into a trie and keep its ``max_nodes`` most likely nodes.
 
     candidates: (tokens, rates) pairs, rates[k] the estimated P(token k accepted | tokens < k accepted).
@@ -194,4 +196,7 @@ def checked_along_paths(parents: torch.Tensor, paths: list[list[int]], num_draft
     """Per row, the drafts a tree verified along its accepted path: the path's length, plus one when the
     path's last slot had a verified child (which the target rejected)."""
     parents_list = parents.tolist()
-    return [len(path) + int((path[-1] if path else 0) in parents_list[i][:n]) for i, (path, n) in enumerate(zip(paths, num_drafts))]
+    return [
+        len(path) + int((path[-1] if path else 0) in parents_list[i][:n])
+        for i, (path, n) in enumerate(zip(paths, num_drafts))
+    ]

@@ -42,8 +42,9 @@ class DraftingState:
             self.estimator.seed(prior)
             self.seeded = True
 
-    def observe_round(self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None, rows: int = 1,
-                      ragged: bool = False) -> None:
+    def observe_round(
+        self, num_tokens: int, verify_seconds: float, drafter_seconds: float | None, rows: int = 1, ragged: bool = False
+    ) -> None:
         """Feed one round's measured costs: the verification forward (``rows`` rows, ``num_tokens`` in all,
         ``ragged`` when rows of different lengths were packed) and, if it ran, the drafter."""
         self.cost_model.update(num_tokens, verify_seconds, rows, ragged=ragged)

@@ -84,27 +84,40 @@ def generate(
             f"adaflash_hf.generate got unknown arguments {sorted(unused)}; it takes GenerationConfig fields "
             "(max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id)."
         )
-    attention_mask = check_prompt_batch(input_ids, attention_mask, streamer,
-                                        vocab_size=target.get_input_embeddings().weight.shape[0])
+    attention_mask = check_prompt_batch(
+        input_ids, attention_mask, streamer, vocab_size=target.get_input_embeddings().weight.shape[0]
+    )
     if config.max_new_tokens is None:  # as generate(): max_length bounds prompt + new tokens
         config.max_new_tokens = config.max_length - input_ids.shape[1]
     params = sampling_params_from(config)
     if drafter is not None:
         check_pair(target, drafter, tokenizer)
-    eos_ids = frozenset() if config.eos_token_id is None else frozenset(torch.tensor(config.eos_token_id).flatten().tolist())
+    eos_ids = (
+        frozenset() if config.eos_token_id is None else frozenset(torch.tensor(config.eos_token_id).flatten().tolist())
+    )
     pad_id = config.pad_token_id if config.pad_token_id is not None else min(eos_ids, default=0)
     stats = SpeculativeStats()
-    batch = SpeculativeBatch(target, drafter, drafting=drafting, drafting_state=drafting_state, verify_policy=verify_policy,
-                             draft_sampling=draft_sampling, generator=generator, on_round=stats.add_round,
-                             observer=observer or getattr(target, "adaflash_observer", None))
+    batch = SpeculativeBatch(
+        target,
+        drafter,
+        drafting=drafting,
+        drafting_state=drafting_state,
+        verify_policy=verify_policy,
+        draft_sampling=draft_sampling,
+        generator=generator,
+        on_round=stats.add_round,
+        observer=observer or getattr(target, "adaflash_observer", None),
+    )
     batch_size = input_ids.shape[0]
     new_tokens: list[list[int]] = [[] for _ in range(batch_size)]
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    updates = batch.add_rows([
-        RowSpec(row, input_ids[row][attention_mask[row].bool()].tolist(), config.max_new_tokens, params, eos_ids)
-        for row in range(batch_size)
-    ])
+    updates = batch.add_rows(
+        [
+            RowSpec(row, input_ids[row][attention_mask[row].bool()].tolist(), config.max_new_tokens, params, eos_ids)
+            for row in range(batch_size)
+        ]
+    )
     stats.prefill_time = batch.prefill_time
     while True:
         for update in updates:

@@ -18,7 +18,9 @@ def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_ver
     b, m = rates.shape
     if max_verify_len is not None:
         m = min(m, max_verify_len - 1)
-    expected = torch.cat([torch.zeros(b, 1), rates[:, :m].float().cpu().cumprod(-1).cumsum(-1)], dim=1)  # (b, m + 1): E[g]
+    expected = torch.cat(
+        [torch.zeros(b, 1), rates[:, :m].float().cpu().cumprod(-1).cumsum(-1)], dim=1
+    )  # (b, m + 1): E[g]
     tokens = (1 + expected).sum(0)  # (m + 1,) expected tokens of the batch for g = 0..m
     costs = torch.tensor([cost_model.cost_batch(b, g + 1) for g in range(m + 1)])
     return int((tokens / costs).argmax()) + 1
@@ -27,7 +29,9 @@ def goodput_verify_len(rates: torch.Tensor, cost_model: VerifyCostModel, max_ver
 MIN_GAIN = 0.02  # a draft less likely than this to be accepted never pays for its verification
 
 
-def ragged_verify_lens(rates: torch.Tensor, cost_model: VerifyCostModel, max_verify_len: int | None = None) -> torch.Tensor:
+def ragged_verify_lens(
+    rates: torch.Tensor, cost_model: VerifyCostModel, max_verify_len: int | None = None
+) -> torch.Tensor:
     """Per-row verify lengths that maximise the batch's expected tokens per second in a ragged forward.
 
     rates (b, m) conditional acceptance rates -> (b,) verify lengths in [1, m + 1]. Draft k of row i

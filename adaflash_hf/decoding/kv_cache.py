@@ -58,14 +58,19 @@ class GrowingLayer(DynamicLayer):
         self.keys = self.values = None
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self._lengths[0]
         end = start + key_states.shape[-2]
         if self._keys is None or end > min(self._keys.shape[-2], self._values.shape[-2]):
             capacity = end + max(self.spare, end // 4)
-            self._keys, self._values = self._grown(self.keys, key_states, capacity), self._grown(self.values, value_states, capacity)
+            self._keys, self._values = (
+                self._grown(self.keys, key_states, capacity),
+                self._grown(self.values, value_states, capacity),
+            )
         self._keys[:, :, start:end] = key_states
         self._values[:, :, start:end] = value_states
         self._lengths = [end, end]
@@ -125,7 +130,7 @@ def packed_index(mask: torch.Tensor) -> torch.Tensor:
     for i in range(mask.shape[0]):
         valid = mask[i].nonzero().flatten()
         if len(valid):
-            index[i, width - len(valid):] = valid
+            index[i, width - len(valid) :] = valid
     return index
 
 

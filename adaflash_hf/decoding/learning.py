@@ -27,8 +27,16 @@ class VerifiedRound:
     seconds: float
 
 
-def learn_from_round(state: DraftingState, policy: VerifyLengthPolicy, proposal: Proposal, verified: VerifiedRound,
-                     chunks: Sequence[Sequence[int]], proposed: bool, round_start: float, device: torch.device) -> None:
+def learn_from_round(
+    state: DraftingState,
+    policy: VerifyLengthPolicy,
+    proposal: Proposal,
+    verified: VerifiedRound,
+    chunks: Sequence[Sequence[int]],
+    proposed: bool,
+    round_start: float,
+    device: torch.device,
+) -> None:
     """Feed the round to everything that learns from it; ``chunks[i]`` are the tokens row i gained.
 
     The policy is told the whole round's time since ``round_start``, less the drafter's catching up on context
@@ -36,15 +44,21 @@ def learn_from_round(state: DraftingState, policy: VerifyLengthPolicy, proposal:
     """
     block = proposal.block
     rows = len(chunks)
-    state.observe_round(verified.num_tokens, verified.seconds, None if block is None else block.seconds, rows=rows,
-                        ragged=verified.ragged)
+    state.observe_round(
+        verified.num_tokens,
+        verified.seconds,
+        None if block is None else block.seconds,
+        rows=rows,
+        ragged=verified.ragged,
+    )
     learn_acceptance(state, proposal.candidates or [], chunks)
     seconds = timer(device) - round_start - (0.0 if block is None else block.catch_up)
     report_round(policy, verified.accept_lengths.cpu(), verified.num_drafts.cpu() + 1, seconds, proposed)
 
 
-def learn_acceptance(state: DraftingState, candidates: Sequence[Sequence[Candidate]],
-                     chunks: Sequence[Sequence[int]]) -> None:
+def learn_acceptance(
+    state: DraftingState, candidates: Sequence[Sequence[Candidate]], chunks: Sequence[Sequence[int]]
+) -> None:
     """Teach the estimator from what the target produced, for every candidate of the round.
 
     ``chunks[i]`` are the tokens row i gained (accepted drafts plus the target's own token), i.e. the

@@ -18,8 +18,8 @@ class NGramIndex:
     ``propose`` walks the most frequent continuation of the longest matching n-gram (backing off to
     shorter ones), SuffixDecoding-style. Each proposed token carries the feature ``(position, n,
     count, unanimous)`` (position capped at 2, count at 3) that :class:`AcceptanceEstimator` learns
-    acceptance rates for: deeper tokens of a proposal are accepted less often at the same n-gram. With ``max_tokens``, the oldest
-    streams are evicted once more tokens than that are indexed.
+    acceptance rates for: deeper tokens of a proposal are accepted less often at the same n-gram. With
+    ``max_tokens``, the oldest streams are evicted once more tokens than that are indexed.
     """
 
     def __init__(self, max_n: int = 4, max_tokens: int | None = None):
@@ -71,7 +71,9 @@ class NGramIndex:
         """The most frequent continuation of ``context`` (up to ``max_len`` tokens) and each token's feature."""
         return self.propose_branches(context, max_len, 1)[0]
 
-    def propose_branches(self, context: Sequence[int], max_len: int, branches: int) -> list[tuple[list[int], list[tuple]]]:
+    def propose_branches(
+        self, context: Sequence[int], max_len: int, branches: int
+    ) -> list[tuple[list[int], list[tuple]]]:
         """Up to ``branches`` continuations of ``context``: the most frequent one first, then ones that start
         with the runner-up next tokens of the longest matching n-gram and go on with the most frequent."""
         window = list(context[-self.max_n :])

@@ -42,8 +42,9 @@ class VerifyLengthPolicy(Protocol):
         -> verify_len (b,) long in [1, m + 1]. A draft tree's rates are those of its nodes in order
         (:func:`~.draft_tree.chain_rates`), so a verify length keeps its likeliest nodes."""
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
-               proposed: bool | None = None) -> None:
+    def update(
+        self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool | None = None
+    ) -> None:
         """Feedback after a round: accepted drafts (b,), verify lengths (b,), the seconds the whole
         round took (proposal, verification and bookkeeping), and whether it made proposals (the answer
         of :func:`wants_drafts`; None where unknown). The parameter is optional: the engine passes it
@@ -80,8 +81,9 @@ def _takes_proposed(update) -> bool:
     return "proposed" in inspect.signature(update).parameters
 
 
-def report_round(policy: VerifyLengthPolicy, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
-                 proposed: bool) -> None:
+def report_round(
+    policy: VerifyLengthPolicy, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool
+) -> None:
     """``policy.update`` after a round, with ``proposed`` where the policy's ``update`` takes it (policies
     written against the three-argument form keep working)."""
     if _takes_proposed(type(policy).update):
@@ -112,8 +114,9 @@ class FixedVerifyLength:
         length = rates.shape[1] + 1 if self.verify_len is None else min(self.verify_len, rates.shape[1] + 1)
         return torch.full((rates.shape[0],), length, dtype=torch.long)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
-               proposed: bool | None = None) -> None:
+    def update(
+        self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool | None = None
+    ) -> None:
         pass
 
 
@@ -165,14 +168,26 @@ class GoodputVerifyLength:
         if self.burst_rounds < 1:
             raise ValueError(f"burst_rounds={self.burst_rounds}: must be >= 1.")
         if any(cap < 2 for cap in self.caps) or self.cap_explore_every < 2 or self.cap_prune_every < 1:
-            raise ValueError(f"caps={self.caps}, cap_explore_every={self.cap_explore_every}, cap_prune_every="
-                             f"{self.cap_prune_every}: each cap must be >= 2 (the anchor and at least one draft), "
-                             "cap_explore_every >= 2 and cap_prune_every >= 1.")
-        self.guard = ThroughputGuard(self.margin, self.desync_per_row, self.explore_every, self.max_explore_every,
-                                     self.explore_budget, self.burst_rounds, self.min_evidence,
-                                     self.refresh_plain_every, self.decay, self.min_rows)
-        self.bandit = CapBandit(self.caps, self.cap_explore_every, self.cap_prune, self.cap_prune_every,
-                                self.min_cap_steps, self.decay)
+            raise ValueError(
+                f"caps={self.caps}, cap_explore_every={self.cap_explore_every}, cap_prune_every="
+                f"{self.cap_prune_every}: each cap must be >= 2 (the anchor and at least one draft), "
+                "cap_explore_every >= 2 and cap_prune_every >= 1."
+            )
+        self.guard = ThroughputGuard(
+            self.margin,
+            self.desync_per_row,
+            self.explore_every,
+            self.max_explore_every,
+            self.explore_budget,
+            self.burst_rounds,
+            self.min_evidence,
+            self.refresh_plain_every,
+            self.decay,
+            self.min_rows,
+        )
+        self.bandit = CapBandit(
+            self.caps, self.cap_explore_every, self.cap_prune, self.cap_prune_every, self.min_cap_steps, self.decay
+        )
 
     @property
     def realised(self) -> dict:
@@ -229,8 +244,9 @@ class GoodputVerifyLength:
         length = goodput_verify_len(rates, cost_model, limit)
         return torch.full((rows,), length, dtype=torch.long)
 
-    def update(self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float,
-               proposed: bool | None = None) -> None:
+    def update(
+        self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool | None = None
+    ) -> None:
         """File what the round realised, tokens per row and its time in plain steps of that many rows, with the
         guard and, for a speculative round of ``min_rows`` rows or more, under the arm it ran. The engine feeds
         the cost model itself."""
@@ -263,7 +279,9 @@ class LengthHeadVerifyLength(GoodputVerifyLength):
     A subclass, so the engine binds its measured cost model exactly as for the goodput policy.
     """
 
-    def __init__(self, head: AdaFlashLengthHead, cost_model: VerifyCostModel | None = None, max_verify_len: int | None = None):
+    def __init__(
+        self, head: AdaFlashLengthHead, cost_model: VerifyCostModel | None = None, max_verify_len: int | None = None
+    ):
         super().__init__(max_verify_len=max_verify_len, cost_model=cost_model)
         self.head = head
         self.failed_rows: list[int] = []  # rows the head failed in the last verify_lens: they verify only their anchor
@@ -290,11 +308,13 @@ class LengthHeadVerifyLength(GoodputVerifyLength):
                 predicted = head(hidden, prior.to(head.device)).rates.float().cpu()  # (r, B - 1)
             failed = ~torch.isfinite(predicted).all(-1)  # (r,)
             if failed.any():
-                logger.warning("The length head gave non-finite rates to %d rows; they take a plain step.",
-                               int(failed.sum()))
+                logger.warning(
+                    "The length head gave non-finite rates to %d rows; they take a plain step.", int(failed.sum())
+                )
         except Exception:  # a failing head costs its rows their drafts this round, never the request
-            logger.warning("The length head failed this round; its %d rows take a plain step.", len(rows),
-                           exc_info=True)
+            logger.warning(
+                "The length head failed this round; its %d rows take a plain step.", len(rows), exc_info=True
+            )
             predicted, failed = torch.zeros(len(rows), num_drafts), torch.ones(len(rows), dtype=torch.bool)
         if failed.any():
             self.failed_rows = [rows[k] for k in failed.nonzero().flatten().tolist()]

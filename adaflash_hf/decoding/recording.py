@@ -23,7 +23,12 @@ class RoundObserver(Protocol):
         """Called on the engine thread before every round: the only place weights may change."""
 
     def on_prefill(
-        self, row_id: Hashable, prompt_ids: Sequence[int], features: torch.Tensor | None, logits: torch.Tensor, first_token: int
+        self,
+        row_id: Hashable,
+        prompt_ids: Sequence[int],
+        features: torch.Tensor | None,
+        logits: torch.Tensor,
+        first_token: int,
     ) -> None:
         """A row joined. features (P, F) of its prompt tokens (None without a drafter); logits (V,) of the
         last one, the distribution behind ``first_token``."""

@@ -28,7 +28,9 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature}: sampling needs temperature > 0 (use do_sample=False for greedy).")
+            raise ValueError(
+                f"temperature={self.temperature}: sampling needs temperature > 0 (use do_sample=False for greedy)."
+            )
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k={self.top_k}: must be >= 1 or None.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -127,7 +129,8 @@ def sampling_params_from(config: GenerationConfig) -> SamplingParams:
         raise ValueError(f"num_beams={config.num_beams}: beam search is not speculative; use greedy or sampling.")
     if (config.num_return_sequences or 1) > 1:
         raise ValueError(
-            f"num_return_sequences={config.num_return_sequences} is not supported; repeat the prompt in the batch instead."
+            f"num_return_sequences={config.num_return_sequences} is not supported; repeat the prompt in the batch "
+            "instead."
         )
     unsupported = {
         name: getattr(config, name)

@@ -10,8 +10,9 @@ padding, drafts it rejected while another row accepted more, slots added when ro
 nothing in exact arithmetic. The drafter keeps its own layout (:class:`~.proposers.drafter.DrafterProposer`),
 so the target's cache stays as tight as it would be without a drafter.
 
-Joining rows are prefilled on their own and merged right-aligned (holes on the left). Holes are squeezed out
-("compaction") when they make up a large share of a cache, with one gather per layer (:mod:`.kv_cache`).
+Joining rows are prefilled on their own and merged right-aligned (holes on the left; :mod:`.membership`). Holes
+are squeezed out ("compaction") when they make up a large share of a cache, with one gather per layer
+(:mod:`.kv_cache`).
 
 A round (:meth:`SpeculativeBatch.step`): propose -> choose verify lengths -> verify (one forward) -> accept ->
 commit the cache -> report to observers -> learn. A tree's accepted path keeps its slots where they are and the
@@ -27,14 +28,15 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from .._compat import CACHE_KWARG, RaggedLayout, engine_attention, ragged_forward, sdpa_gqa, supports_ragged
+from .._compat import CACHE_KWARG, engine_attention, ragged_forward, supports_ragged
 from . import verify
 from .config import DraftingConfig
 from .cost import timer
 from .draft_tree import checked_along_paths, is_chain
 from .drafting_state import DraftingState, default_drafting_state
-from .kv_cache import RaggedCache, move_rows, pack_cache, relayout_cache, shifted_index, take_slots
+from .kv_cache import RaggedCache
 from .learning import VerifiedRound, learn_from_round
+from .membership import BatchMembership
 from .outputs import RoundStats
 from .policy import GoodputVerifyLength, VerifyLengthPolicy, failed_rows, verify_limit, wants_drafts
 from .proposers.base import Proposal
@@ -42,7 +44,7 @@ from .proposers.drafter import DrafterProposer
 from .proposers.hybrid import HybridProposer
 from .recording import RoundObserver
 from .sampling import SamplingParams
-from .verify import Drafts, VerifyOutput, accept, choose_tokens, path_sources, unpacked, verify_inputs
+from .verify import Drafts, VerifyOutput, accept, path_sources, unpacked, verify_inputs
 
 GREEDY = SamplingParams()
 
@@ -73,7 +75,7 @@ class RowUpdate:
     source: str
 
 
-class SpeculativeBatch:
+class SpeculativeBatch(BatchMembership):
     """Rows decoding together with lossless speculative decoding; rows can join and leave between rounds.
 
     Args:
@@ -121,8 +123,9 @@ class SpeculativeBatch:
         self.drafter_proposer = DrafterProposer(drafter, target) if self.use_drafter else None
         self.hidden_request = None if self.drafter_proposer is None else self.drafter_proposer.hidden_request
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
-        self.proposer = HybridProposer(self.state, self.drafting, self.drafter_proposer,
-                                       getattr(drafter, "adaflash_datastore", None))
+        self.proposer = HybridProposer(
+            self.state, self.drafting, self.drafter_proposer, getattr(drafter, "adaflash_datastore", None)
+        )
         self.state.seed_acceptance(getattr(drafter, "adaflash_acceptance_prior", None))
         self.device = next(target.parameters()).device
         self.prefill_time = 0.0
@@ -135,7 +138,8 @@ class SpeculativeBatch:
         self.target_cache = RaggedCache()
         self.slot_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # (b, S) 1 where a slot holds a token
         self.next_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) position of last_token
-        self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)  # (b,) newest token, not yet seen by the target
+        # (b,) newest token, not yet seen by the target
+        self.last_token = torch.zeros(0, dtype=torch.long, device=self.device)
         if self.drafter_proposer is not None:
             self.drafter_proposer.reset()
 
@@ -145,151 +149,6 @@ class SpeculativeBatch:
     @property
     def num_slots(self) -> int:
         return self.slot_mask.shape[1]
-
-    # ----------------------------------------------------------------------------------------------
-    # add / drop
-    @torch.inference_mode()
-    def add_rows(self, specs: Sequence[RowSpec]) -> list[RowUpdate]:
-        """Prefill new rows (one batched target forward) and merge them into the batch.
-
-        Returns each new row's first token. Rows that finish on it (a stop id, or a budget of one
-        token) are not kept.
-        """
-        if not specs:
-            return []
-        clash = [s.row_id for s in specs if s.row_id in self.specs] + [
-            s.row_id for i, s in enumerate(specs) if s.row_id in {t.row_id for t in specs[:i]}]
-        if clash:
-            raise ValueError(f"row ids {clash} are already in the batch; give each row a unique id.")
-        for spec in specs:
-            if spec.max_new_tokens < 1 or not len(spec.prompt_ids):
-                raise ValueError(f"row {spec.row_id!r}: needs a non-empty prompt and max_new_tokens >= 1.")
-        start = timer(self.device)
-        cache, attention_mask, position_ids, last_logits, pending = self._prefill([list(s.prompt_ids) for s in specs])
-        first = choose_tokens(last_logits, [s.params for s in specs], self.generator)
-        self._merge(specs, cache, attention_mask, position_ids[:, -1] + 1, first, pending, position_ids)
-        seconds = timer(self.device) - start
-        self.prefill_time += seconds
-        for spec in specs:
-            self.proposer.add_row(spec.row_id, list(spec.prompt_ids))
-        if self.observer is not None:
-            width = attention_mask.shape[1]
-            for i, (spec, token) in enumerate(zip(specs, first.tolist())):
-                features = None if pending is None else pending[i, width - len(spec.prompt_ids):]
-                self.observer.on_prefill(spec.row_id, spec.prompt_ids, features, last_logits[i], token)
-        updates = self._emit([s.row_id for s in specs], [[t] for t in first.tolist()], ["prefill"] * len(specs))
-        self._drop_finished(updates)
-        return updates
-
-    def _prefill(self, prompts: list[list[int]]):
-        """One target forward over new prompts -> (cache, mask, position ids, last logits (b, V), features or None).
-
-        The cache, the 0/1 mask, the positions and the drafter's context features (b, W, n*H) come laid out
-        left-padded (each prompt right-aligned in W slots). Prompts of different lengths run ragged where the
-        target allows it (:func:`ragged_forward`): packed into one row, so the linear layers see only real
-        tokens instead of a burst of joiners padded to the longest; the cache is then right-aligned.
-        """
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        width = int(lengths.max())
-        columns = torch.arange(width, device=self.device)
-        offsets = width - lengths  # (b,) left padding of each row
-        mask = (columns[None] >= offsets[:, None]).long()  # (b, W) left-padded
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        ragged = self.ragged and len(prompts) > 1 and int(lengths.sum()) < len(prompts) * width
-        cache = RaggedCache()
-        if not ragged:
-            input_ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
-            for i, prompt in enumerate(prompts):
-                input_ids[i, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.long)
-            with sdpa_gqa(self.device, width):
-                out = self.target(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                  output_hidden_states=self.hidden_request, logits_to_keep=1, use_cache=True,
-                                  **{CACHE_KWARG: cache})
-            features = self.drafter_proposer.features(out.hidden_states) if self.use_drafter else None
-            return cache, mask, positions, out.logits[:, -1], features
-        layout = RaggedLayout.from_lengths(lengths, width)  # right-padded: row i's tokens in columns [0, len_i)
-        tokens = torch.cat([torch.as_tensor(p, dtype=torch.long, device=self.device) for p in prompts])[None]  # (1, T), row-major
-        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()  # padded keys come after every real query
-        bias = torch.zeros(width, width, dtype=self.target.dtype, device=self.device).masked_fill(~causal, torch.finfo(self.target.dtype).min)
-        with sdpa_gqa(self.device, width), ragged_forward(layout):
-            out = self.target(input_ids=tokens, position_ids=layout.pack(columns[None].expand(len(prompts), -1)),
-                              attention_mask=bias[None, None].expand(len(prompts), 1, -1, -1),
-                              output_hidden_states=self.hidden_request, logits_to_keep=lengths.cumsum(0) - 1,
-                              use_cache=True, **{CACHE_KWARG: cache})
-        right_aligned = columns[None] - offsets[:, None]  # (b, W): left-padded slot j holds right-padded slot j - offset
-        relayout_cache(cache, right_aligned.masked_fill(right_aligned < 0, -1))
-        features = None
-        if self.use_drafter:
-            packed = self.drafter_proposer.features(out.hidden_states)  # (1, T, n*H)
-            features = take_slots(layout.unpack(packed), right_aligned)
-        return cache, mask, positions, out.logits[0], features
-
-    def _merge(self, specs, cache, mask, next_pos, last_token, pending, pending_pos) -> None:
-        for spec in specs:
-            self.specs[spec.row_id] = spec
-            self.num_new[spec.row_id] = 0
-        row_ids = [s.row_id for s in specs]
-        if not self.ids:
-            self.ids = row_ids
-            self.target_cache = cache
-            self.slot_mask, self.next_pos, self.last_token = mask.long(), next_pos, last_token
-            if self.drafter_proposer is not None:
-                self.drafter_proposer.join(row_ids, pending, pending_pos, mask)
-            return
-        self._compact(force=False)
-        b_old, b_new, length = len(self.ids), len(specs), mask.shape[1]
-        # target: old rows [holes | slots], new rows [holes | prompt], right-aligned to the wider side
-        total = max(self.num_slots, length)
-        old_index = shifted_index(b_old, self.num_slots, total - self.num_slots, self.device)
-        new_index = shifted_index(b_new, length, total - length, self.device)
-        if total != self.num_slots:
-            relayout_cache(self.target_cache, old_index)  # skipped when the old rows keep their layout (a full copy)
-        relayout_cache(cache, new_index)
-        for mine, theirs in zip(self.target_cache.layers, cache.layers):
-            mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
-            mine.values = torch.cat([mine.values, theirs.values], dim=0)
-        self.slot_mask = torch.cat([take_slots(self.slot_mask, old_index), take_slots(mask.long(), new_index)], dim=0)
-        if self.drafter_proposer is not None:  # new rows are all holes in the drafter's cache; their prompt is unread
-            self.drafter_proposer.join(row_ids, pending, pending_pos, mask)
-        self.next_pos = torch.cat([self.next_pos, next_pos])
-        self.last_token = torch.cat([self.last_token, last_token])
-        self.ids = self.ids + row_ids
-
-    @torch.inference_mode()
-    def drop_rows(self, row_ids: Sequence[Hashable]) -> None:
-        """Remove rows (finished or cancelled) from the batch and both caches; unknown ids are ignored."""
-        gone = set(row_ids) & set(self.ids)
-        if not gone:
-            return
-        for row in gone:
-            if self.observer is not None:
-                self.observer.on_finish(row)
-            self.specs.pop(row)
-            self.num_new.pop(row)
-            self.proposer.finish_row(row)
-        size = len(self.ids) - len(gone)
-        if size == 0:
-            self._empty()
-            return
-        # Swap-remove: the surviving rows past the new batch size move into the freed places, so the caches
-        # copy only the moved rows (an index_select would copy every layer's whole cache at each departure).
-        holes = [i for i in range(size) if self.ids[i] in gone]
-        movers = [i for i in range(size, len(self.ids)) if self.ids[i] not in gone]
-        order = list(range(size))
-        for hole, mover in zip(holes, movers):
-            order[hole] = mover
-        index = torch.tensor(order, dtype=torch.long, device=self.device)
-        self.ids = [self.ids[i] for i in order]
-        self.slot_mask, self.next_pos, self.last_token = (t.index_select(0, index) for t in (self.slot_mask, self.next_pos, self.last_token))
-        move_rows(self.target_cache, holes, movers, size)
-        if self.drafter_proposer is not None:
-            self.drafter_proposer.drop(gone, index, holes, movers, size)
-
-    def _compact(self, force: bool = True) -> None:
-        """Squeeze holes out of both caches, each on its own (:func:`~.kv_cache.pack_cache`)."""
-        self.slot_mask = pack_cache(self.target_cache, self.slot_mask, force, self.compact_min_slots)
-        if self.drafter_proposer is not None:
-            self.drafter_proposer.compact(force, self.compact_min_slots)
 
     # ----------------------------------------------------------------------------------------------
     # one round
@@ -323,12 +182,29 @@ class SpeculativeBatch:
         # 6. Report: hand out the tokens, tell the round's callback and the observer.
         drafts_list = drafts.num_drafts.tolist()
         sources = path_sources(proposal, paths, drafts_list)
-        chunks, updates = self._report(drafts, verified, paths, slots, next_tokens, accept_lengths, sources,
-                                       draft_time, verify_time, proposal.failed)
+        chunks, updates = self._report(
+            drafts,
+            verified,
+            paths,
+            slots,
+            next_tokens,
+            accept_lengths,
+            sources,
+            draft_time,
+            verify_time,
+            proposal.failed,
+        )
         # 7. Learn: costs, acceptance estimates and the policy's feedback, timed over the whole round.
-        learn_from_round(self.state, self.policy, proposal,
-                         VerifiedRound(accept_lengths, drafts.num_drafts, verified.num_tokens, verified.ragged,
-                                       verify_time), chunks, proposing, round_start, self.device)
+        learn_from_round(
+            self.state,
+            self.policy,
+            proposal,
+            VerifiedRound(accept_lengths, drafts.num_drafts, verified.num_tokens, verified.ragged, verify_time),
+            chunks,
+            proposing,
+            round_start,
+            self.device,
+        )
         self._drop_finished(updates)
         return updates
 
@@ -339,14 +215,25 @@ class SpeculativeBatch:
         depths = budget - 1 if limit is None else (budget - 1).clamp_max(limit - 1)
         # Trees need one-hot drafts; a sampled drafter block (q known) is verified as a chain with min(1, p/q).
         tree = self.proposer.trees and not (sampled and self.draft_sampling)
-        return self.proposer.propose(self.ids, self.last_token, self.next_pos, tree=tree, max_depths=depths.tolist(),
-                                     max_len=None if limit is None else limit - 1)
+        return self.proposer.propose(
+            self.ids,
+            self.last_token,
+            self.next_pos,
+            tree=tree,
+            max_depths=depths.tolist(),
+            max_len=None if limit is None else limit - 1,
+        )
 
-    def _choose_drafts(self, proposal: Proposal, budget: torch.Tensor, params: list[SamplingParams],
-                       sampled: list[int]) -> Drafts:
+    def _choose_drafts(
+        self, proposal: Proposal, budget: torch.Tensor, params: list[SamplingParams], sampled: list[int]
+    ) -> Drafts:
         block = proposal.block
         draft_hidden, draft_logits = (None, None) if block is None else (block.hidden, block.logits)
-        verify_lens = self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources).cpu().clamp(1, proposal.tokens.shape[1] + 1)
+        verify_lens = (
+            self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)
+            .cpu()
+            .clamp(1, proposal.tokens.shape[1] + 1)
+        )
         # A chain verifies at most the row's remaining budget; a tree's depth is capped by it already.
         longest = proposal.lengths if proposal.parents is not None else torch.minimum(proposal.lengths, budget - 1)
         num_drafts = torch.minimum(verify_lens - 1, longest).clamp_min(0)
@@ -356,9 +243,15 @@ class SpeculativeBatch:
         parents = proposal.parents[:, :g].to(self.device) if tree else None
         draft_probs = None
         if sampled and self.draft_sampling and g:
-            draft_tokens, draft_probs = verify.sample_drafter_rows(proposal.sources, draft_tokens, draft_logits, params,
-                                                            self.drafter_proposer.head if self.use_drafter else None,
-                                                            self.vocab_size, self.generator)
+            draft_tokens, draft_probs = verify.sample_drafter_rows(
+                proposal.sources,
+                draft_tokens,
+                draft_logits,
+                params,
+                self.drafter_proposer.head if self.use_drafter else None,
+                self.vocab_size,
+                self.generator,
+            )
         num_drafts = num_drafts.to(self.device)
         depths = proposal.depths[:, :g].to(self.device) if tree else None  # (b, g), 1 for a child of the anchor
         return Drafts(draft_tokens, num_drafts, parents, depths, draft_probs)
@@ -369,22 +262,48 @@ class SpeculativeBatch:
         b, g = drafts.draft_tokens.shape
         num_verified = int((drafts.num_drafts + 1).sum())
         ragged = self.ragged and b > 1 and num_verified < b * (g + 1)
-        inputs = verify_inputs(self.last_token, self.next_pos, self.slot_mask, drafts.draft_tokens, drafts.parents,
-                               drafts.depths, drafts.num_drafts, ragged, self.target.dtype)
+        inputs = verify_inputs(
+            self.last_token,
+            self.next_pos,
+            self.slot_mask,
+            drafts.draft_tokens,
+            drafts.parents,
+            drafts.depths,
+            drafts.num_drafts,
+            ragged,
+            self.target.dtype,
+        )
         layout = inputs.layout
-        ids, positions = (inputs.input_ids, inputs.position_ids) if layout is None else (
-            layout.pack(inputs.input_ids), layout.pack(inputs.position_ids))
-        with engine_attention(self.device, g + 1), (nullcontext() if layout is None else ragged_forward(layout)):
+        ids, positions = (
+            (inputs.input_ids, inputs.position_ids)
+            if layout is None
+            else (layout.pack(inputs.input_ids), layout.pack(inputs.position_ids))
+        )
+        with engine_attention(self.device, g + 1), nullcontext() if layout is None else ragged_forward(layout):
             out = self.target(
-                input_ids=ids, position_ids=positions, attention_mask=inputs.attention_mask,
-                output_hidden_states=self.hidden_request, use_cache=True, **{CACHE_KWARG: self.target_cache},
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=inputs.attention_mask,
+                output_hidden_states=self.hidden_request,
+                use_cache=True,
+                **{CACHE_KWARG: self.target_cache},
             )  # ragged: (1, T, ...) outputs, unpacked to (b, g + 1, ...) below
         features = self.drafter_proposer.features(out.hidden_states) if self.use_drafter else None
-        return VerifyOutput(*unpacked(layout, out.logits, features), inputs.position_ids,
-                            num_verified if ragged else b * (g + 1), ragged)
+        return VerifyOutput(
+            *unpacked(layout, out.logits, features),
+            inputs.position_ids,
+            num_verified if ragged else b * (g + 1),
+            ragged,
+        )
 
-    def _commit(self, drafts: Drafts, verified: VerifyOutput, paths: list[list[int]], accept_lengths: torch.Tensor,
-                next_tokens: torch.Tensor) -> list[list[int]]:
+    def _commit(
+        self,
+        drafts: Drafts,
+        verified: VerifyOutput,
+        paths: list[list[int]],
+        accept_lengths: torch.Tensor,
+        next_tokens: torch.Tensor,
+    ) -> list[list[int]]:
         """Keep slots up to the furthest accepted one (the rest of each row becomes a hole); returns per row the
         verify slots that hold accepted tokens."""
         g = drafts.draft_tokens.shape[1]
@@ -405,25 +324,53 @@ class SpeculativeBatch:
         self.last_token = next_tokens
         return slots
 
-    def _report(self, drafts: Drafts, verified: VerifyOutput, paths: list[list[int]], slots: list[list[int]],
-                next_tokens: torch.Tensor, accept_lengths: torch.Tensor, sources: list[str], draft_time: float,
-                verify_time: float, failed: list[int]) -> tuple[list[list[int]], list[RowUpdate]]:
+    def _report(
+        self,
+        drafts: Drafts,
+        verified: VerifyOutput,
+        paths: list[list[int]],
+        slots: list[list[int]],
+        next_tokens: torch.Tensor,
+        accept_lengths: torch.Tensor,
+        sources: list[str],
+        draft_time: float,
+        verify_time: float,
+        failed: list[int],
+    ) -> tuple[list[list[int]], list[RowUpdate]]:
         """Hand out the tokens, tell ``on_round`` (and failed drafts) and the observer -> (chunks, updates)."""
         drafts_list = drafts.num_drafts.tolist()
         checked = drafts_list if drafts.parents is None else checked_along_paths(drafts.parents, paths, drafts_list)
         if self.on_round is not None:
-            self.on_round(RoundStats(list(self.ids), accept_lengths.tolist(), [n + 1 for n in drafts_list], draft_time,
-                                     verify_time, sources, tree=drafts.parents is not None, checked=checked,
-                                     draft_failures=len(set(failed) | set(failed_rows(self.policy)))))
+            self.on_round(
+                RoundStats(
+                    list(self.ids),
+                    accept_lengths.tolist(),
+                    [n + 1 for n in drafts_list],
+                    draft_time,
+                    verify_time,
+                    sources,
+                    tree=drafts.parents is not None,
+                    checked=checked,
+                    draft_failures=len(set(failed) | set(failed_rows(self.policy))),
+                )
+            )
         tokens_list = drafts.draft_tokens.tolist()
-        chunks = [[tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))]
+        chunks = [
+            [tokens_list[i][j - 1] for j in path] + [t] for i, (path, t) in enumerate(zip(paths, next_tokens.tolist()))
+        ]
         updates = self._emit(list(self.ids), chunks, sources)
         if self.observer is not None:
             features = verified.features
             for i, (update, n) in enumerate(zip(updates, checked)):
                 index = slots[i][: len(update.tokens)]
-                self.observer.on_round(update.row_id, None if features is None else features[i, index],
-                                       verified.target_logits[i, index], update.tokens, n, update.source)
+                self.observer.on_round(
+                    update.row_id,
+                    None if features is None else features[i, index],
+                    verified.target_logits[i, index],
+                    update.tokens,
+                    n,
+                    update.source,
+                )
         return chunks, updates
 
     def _emit(self, ids, chunks, sources) -> list[RowUpdate]:

@@ -83,7 +83,9 @@ class ThroughputGuard:
     def allows(self, rows: int, spec_rate: float | None) -> bool:
         """Whether a round of ``rows`` rows speculates; sets :attr:`exploring` when it explores a held bucket."""
         self.exploring = False
-        if rows < self.min_rows:  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
+        if (
+            rows < self.min_rows
+        ):  # one request: the goodput choice alone decides (too few, too varied rounds to compare)
             return True
         bucket = rows.bit_length()  # batch sizes 1, 2-3, 4-7, 8-15, ...
         kind, left, exploring = self.burst.get(bucket, (None, 0, False))
@@ -92,7 +94,9 @@ class ThroughputGuard:
             self.exploring = exploring
             return kind
         if self.rate(bucket, True) is not None and (bucket, False) not in self.realised:
-            return self._start_burst(bucket, False)  # speculated at this size but never timed a plain step here: time some now
+            return self._start_burst(
+                bucket, False
+            )  # speculated at this size but never timed a plain step here: time some now
         if self.losing(bucket, spec_rate):
             if self.since.get((bucket, True), 0) + 1 >= self.explore.get(bucket, self.explore_every):
                 self.exploring = True
@@ -128,7 +132,9 @@ class ThroughputGuard:
                 # acceptance are too noisy to set a long interval by), its desync included. A bucket's first
                 # ``min_evidence`` speculative rounds keep exploring frequent (they pay kernel set-up for new shapes).
                 lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
-                interval = max(self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget))  # <= the budget
+                interval = max(
+                    self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget)
+                )  # <= the budget
                 self.explore[bucket] = min(interval, self.max_explore_every)
             else:
                 self.explore[bucket] = self.explore_every

@@ -54,9 +54,17 @@ class VerifyInputs:
     layout: RaggedLayout | None
 
 
-def verify_inputs(last_token: torch.Tensor, next_pos: torch.Tensor, slot_mask: torch.Tensor, draft_tokens: torch.Tensor,
-                  parents: torch.Tensor | None, depths: torch.Tensor | None, num_drafts: torch.Tensor, ragged: bool,
-                  dtype: torch.dtype) -> VerifyInputs:
+def verify_inputs(
+    last_token: torch.Tensor,
+    next_pos: torch.Tensor,
+    slot_mask: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    parents: torch.Tensor | None,
+    depths: torch.Tensor | None,
+    num_drafts: torch.Tensor,
+    ragged: bool,
+    dtype: torch.dtype,
+) -> VerifyInputs:
     """[anchor, drafts] for every row: last_token (b,) at next_pos (b,), draft_tokens (b, g); a tree's nodes
     (parents and depths (b, g), :mod:`.draft_tree`) see only their ancestors. ``ragged``: pack the rows' num_drafts
     (b,) + 1 real tokens into one row; attention still runs per row over the padded layout."""
@@ -77,8 +85,9 @@ def verify_inputs(last_token: torch.Tensor, next_pos: torch.Tensor, slot_mask: t
     return VerifyInputs(input_ids, position_ids, attention_mask, layout)
 
 
-def choose_tokens(logits: torch.Tensor, params: list[SamplingParams],
-                  generator: torch.Generator | None) -> torch.Tensor:
+def choose_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator | None
+) -> torch.Tensor:
     """(b, V) logits -> (b,) next tokens, each row with its own sampling parameters."""
     tokens = logits.max(-1).indices
     for i, p in enumerate(params):
@@ -87,9 +96,15 @@ def choose_tokens(logits: torch.Tensor, params: list[SamplingParams],
     return tokens
 
 
-def accept_rows(draft_tokens: torch.Tensor, logits: torch.Tensor, num_drafts: torch.Tensor,
-                draft_probs: torch.Tensor | None, params: list[SamplingParams], sampled: list[int],
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_rows(
+    draft_tokens: torch.Tensor,
+    logits: torch.Tensor,
+    num_drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    params: list[SamplingParams],
+    sampled: list[int],
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance for greedy rows, rejection sampling for the ``sampled`` rows (each with its own params).
 
     draft_tokens (b, g), logits (b, g + 1, V), num_drafts (b,), draft_probs (b, g, V) or None (one-hot drafts)
@@ -99,8 +114,9 @@ def accept_rows(draft_tokens: torch.Tensor, logits: torch.Tensor, num_drafts: to
     accept_lengths, next_tokens = greedy_accept(draft_tokens, logits, num_drafts)
     index = torch.tensor(sampled, device=logits.device)
     probs = torch.stack([logits_to_probs(logits[i], params[i]) for i in sampled])
-    lengths, tokens = rejection_accept(draft_tokens[index], probs, num_drafts[index],
-                                       None if draft_probs is None else draft_probs[index], generator)
+    lengths, tokens = rejection_accept(
+        draft_tokens[index], probs, num_drafts[index], None if draft_probs is None else draft_probs[index], generator
+    )
     accept_lengths[index], next_tokens[index] = lengths, tokens
     return accept_lengths, next_tokens
 
@@ -114,9 +130,15 @@ def path_sources(proposal: Proposal, paths: list[list[int]], num_drafts: list[in
     return [nodes[slot - 1] if n else NONE for nodes, slot, n in zip(proposal.node_sources, deepest, num_drafts)]
 
 
-def sample_drafter_rows(sources: list[str], draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-                        params: list[SamplingParams], head, vocab_size: int,
-                        generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_drafter_rows(
+    sources: list[str],
+    draft_tokens: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    params: list[SamplingParams],
+    head,
+    vocab_size: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled drafts for sampled rows that took the drafter's block; one-hot q elsewhere.
 
     Returns draft_tokens (b, g) and draft_probs (b, g, V) over the target vocabulary, so that rejection
@@ -137,21 +159,29 @@ def sample_drafter_rows(sources: list[str], draft_tokens: torch.Tensor, draft_lo
     return draft_tokens, draft_probs
 
 
-def accept(drafts: Drafts, target_logits: torch.Tensor, params: list[SamplingParams], sampled: list[int],
-       generator: torch.Generator | None) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
+def accept(
+    drafts: Drafts,
+    target_logits: torch.Tensor,
+    params: list[SamplingParams],
+    sampled: list[int],
+    generator: torch.Generator | None,
+) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
     """Per-row acceptance of a chain or a tree -> paths (per row, the accepted verify slots after the anchor),
     accept_lengths (b,), next_tokens (b,)."""
     if drafts.parents is None:
-        accept_lengths, next_tokens = accept_rows(drafts.draft_tokens, target_logits, drafts.num_drafts,
-                                                  drafts.draft_probs, params, sampled, generator)
+        accept_lengths, next_tokens = accept_rows(
+            drafts.draft_tokens, target_logits, drafts.num_drafts, drafts.draft_probs, params, sampled, generator
+        )
         return [list(range(1, n + 1)) for n in accept_lengths.tolist()], accept_lengths, next_tokens
-    paths, next_tokens = tree_accept(drafts.draft_tokens, drafts.parents, target_logits, drafts.num_drafts, params,
-                                     generator)
+    paths, next_tokens = tree_accept(
+        drafts.draft_tokens, drafts.parents, target_logits, drafts.num_drafts, params, generator
+    )
     return paths, torch.tensor([len(p) for p in paths], device=drafts.num_drafts.device), next_tokens
 
 
-def unpacked(layout: RaggedLayout | None, logits: torch.Tensor,
-              features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def unpacked(
+    layout: RaggedLayout | None, logits: torch.Tensor, features: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A ragged forward's (1, T, ...) outputs in the padded (b, g + 1, ...) layout; padded ones as they are."""
     if layout is None:
         return logits, features

@@ -86,7 +86,8 @@ class BenchOPDArgs:
     )
     num_threads: int | None = num_threads_field(" for serving")
     output: str = field(
-        default="benchmarks/opd/smollm2-135m.json", metadata={"help": "JSON output (a .png plot and .txt table go beside it)."}
+        default="benchmarks/opd/smollm2-135m.json",
+        metadata={"help": "JSON output (a .png plot and .txt table go beside it)."},
     )
     seed: int = seed_field("the live stream order and of OPD")
 

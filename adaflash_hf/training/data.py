@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..prompting import chat_prompt_ids
-from .configs import GenerateDataConfig
+from .data_configs import GenerateDataConfig
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import sample_anchors
+from .checkpointing import latest_checkpoint, save_checkpoint
 from .configs import CONTEXT_LAYERS, TrainDrafterConfig
 from .data import (
     Batch,
@@ -43,6 +43,7 @@ from .data import (
     target_features,
 )
 from .losses import position_weights
+from .monitoring import engine_check, plot_curves
 from .step import acceptance_counts, compute_autocast, drafter_block_forward
 
 logger = logging.getLogger(__name__)
@@ -78,73 +79,6 @@ def lr_factor(step: int, elapsed_min: float, config: TrainDrafterConfig) -> floa
     if config.max_minutes is not None:
         progress = max(progress, elapsed_min / config.max_minutes)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def _latest_checkpoint(output_dir: Path) -> Path | None:
-    found = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return found[-1] if found else None
-
-
-def _save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generator: torch.Generator) -> None:
-    root = output_dir / "checkpoints"
-    path = root / f"step_{state['step']}"
-    tmp = root / f"tmp_step_{state['step']}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(
-        {
-            "drafter": drafter.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "state": state,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "generator": generator.get_state()},
-        },
-        tmp / "checkpoint.pt",
-    )
-    drafter.config.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-2]:
-        shutil.rmtree(old)
-
-
-def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write a training checkpoint (``checkpoints/step_N``) as a bf16 drafter folder loadable with from_pretrained."""
-    checkpoint_dir = Path(checkpoint_dir)
-    config = AdaFlashDrafter.config_class.from_pretrained(checkpoint_dir)
-    drafter = AdaFlashDrafter(config)
-    drafter.load_state_dict(torch.load(checkpoint_dir / "checkpoint.pt", weights_only=False)["drafter"])
-    drafter.to(torch.bfloat16).save_pretrained(out_dir)
-    return Path(out_dir)
-
-
-def _plot(metrics_path: Path, out_path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    train = [r for r in records if r["kind"] == "train"]
-    evals = [r for r in records if r["kind"] == "eval"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
-    if evals:
-        axes[0].plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="held-out loss")
-        axes[1].plot([r["step"] for r in evals], [r["tau"] for r in evals], "o-", label="held-out tau (teacher-forced)")
-        last = evals[-1]["position_acceptance"]
-        for k in range(min(4, len(last))):
-            axes[2].plot(
-                [r["step"] for r in evals], [r["position_acceptance"][k] for r in evals], "o-", label=f"a_{k + 1}"
-            )
-    axes[0].set_yscale("log")
-    axes[1].plot([r["step"] for r in train], [r["train_tau"] for r in train], alpha=0.5, label="train tau")
-    for ax, title in zip(axes, ("loss", "tau", "held-out acceptance by position"), strict=True):
-        ax.set_xlabel("step")
-        ax.set_title(title)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
 
 
 @torch.no_grad()
@@ -183,60 +117,6 @@ def evaluate(
         "loss": sum(losses) / len(losses),
         "tau": 1.0 + float(accepted_all.mean()),
         "position_acceptance": (hits / seen.clamp_min(1)).tolist(),
-    }
-
-
-@torch.no_grad()
-def engine_check(drafter, target, tokenizer, prompts: list[str], max_new_tokens: int) -> dict:
-    """Real speculative decoding with the drafter's block alone (batch 1, greedy, whole block) on a few
-    held-out prompts: tau, acceptance, speed."""
-    from ..decoding.config import DraftingConfig
-    from ..decoding.drafting_state import DraftingState
-    from ..decoding.engine import generate
-    from ..decoding.policy import FixedVerifyLength
-    from .data import chat_prompt_ids
-
-    alone = dict(
-        drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength(), drafting_state=DraftingState()
-    )
-    drafter.eval()
-    tokens, spec_s, plain_s, plain_tokens = 0, 0.0, 0.0, 0
-    all_stats = None
-    warm = torch.tensor([chat_prompt_ids(tokenizer, prompts[0])], device=target.device)  # first calls pay one-off costs
-    generate(target, drafter, warm, torch.ones_like(warm), max_new_tokens=8, **alone)
-    target.generate(
-        input_ids=warm,
-        attention_mask=torch.ones_like(warm),
-        do_sample=False,
-        max_new_tokens=8,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    for prompt in prompts:
-        ids = torch.tensor([chat_prompt_ids(tokenizer, prompt)], device=target.device)
-        start = time.perf_counter()
-        out = generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=max_new_tokens, **alone)
-        spec_s += time.perf_counter() - start
-        tokens += out.num_new_tokens[0]
-        if all_stats is None:
-            all_stats = out.stats
-        else:
-            all_stats.merge(out.stats)
-        start = time.perf_counter()
-        plain = target.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        plain_s += time.perf_counter() - start
-        plain_tokens += plain.shape[1] - ids.shape[1]
-    return {
-        "tau": all_stats.mean_accepted_length,
-        "position_acceptance": all_stats.position_acceptance(min(8, drafter.config.block_size - 1)),
-        "spec_tokens_per_s": tokens / spec_s,
-        "plain_tokens_per_s": plain_tokens / plain_s,
-        "num_prompts": len(prompts),
     }
 
 
@@ -387,7 +267,7 @@ def train_drafter(
         drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
     )
     state = {"step": 0, "train_minutes": 0.0, "tokens_seen": 0}
-    latest = _latest_checkpoint(output_dir) if config.resume else None
+    latest = latest_checkpoint(output_dir) if config.resume else None
     if latest is not None:
         ckpt = torch.load(latest / "checkpoint.pt", weights_only=False)
         drafter.load_state_dict(ckpt["drafter"])
@@ -511,20 +391,20 @@ def train_drafter(
                 last_eval["tau"],
                 [round(a, 3) for a in last_eval["position_acceptance"][:4]],
             )
-            _plot(metrics_path, output_dir / "curves.png")
+            plot_curves(metrics_path, output_dir / "curves.png")
         if state["step"] % config.checkpoint_every == 0 and accelerator.is_main_process:
             state["wall_minutes"] = wall_minutes()
-            _save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
+            save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
     bar.close()
     if accelerator.is_main_process:
         state["wall_minutes"] = wall_minutes()
-        _save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
+        save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
 
     # 5. Final held-out evaluation, a real-engine check, bf16 weights and the summary.
     final_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
     log({"kind": "eval", "step": state["step"], "minutes": state["train_minutes"], **final_eval})
     metrics.close()
-    _plot(metrics_path, output_dir / "curves.png")
+    plot_curves(metrics_path, output_dir / "curves.png")
     final_dir = output_dir / "drafter"
     if accelerator.is_main_process:
         raw_drafter.to(torch.bfloat16).save_pretrained(final_dir)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .configs import PrepareDrafterConfig
 from .data import TrainingSequence, _read_shard
+from .data_configs import PrepareDrafterConfig
 
 
 def response_token_counts(sequences: Iterable[TrainingSequence]) -> Counter:

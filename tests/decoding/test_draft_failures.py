@@ -20,7 +20,7 @@ EVERY_ROUND = replace(DraftingConfig.only("drafter"), drafter_every_round=True)
 
 
 def _generated(out, width: int) -> list[list[int]]:
-    return [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    return [row[width : width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
 
 
 def test_a_drafter_that_raises_mid_pass_costs_its_rows_one_round_of_drafts(target, drafter, caplog):
@@ -36,11 +36,20 @@ def test_a_drafter_that_raises_mid_pass_costs_its_rows_one_round_of_drafts(targe
     hook = drafter.layers[1].register_forward_hook(fail_second_pass)
     try:
         with caplog.at_level(logging.WARNING):
-            out = generate(target, drafter, ids, mask, max_new_tokens=16, eos_token_id=None, drafting=EVERY_ROUND,
-                           verify_policy=FixedVerifyLength(None), drafting_state=DraftingState(EVERY_ROUND))
+            out = generate(
+                target,
+                drafter,
+                ids,
+                mask,
+                max_new_tokens=16,
+                eos_token_id=None,
+                drafting=EVERY_ROUND,
+                verify_policy=FixedVerifyLength(None),
+                drafting_state=DraftingState(EVERY_ROUND),
+            )
     finally:
         hook.remove()
-    assert _generated(out, ids.shape[1]) == [greedy_reference(target, p, 16, eos=False)[len(p):] for p in prompts]
+    assert _generated(out, ids.shape[1]) == [greedy_reference(target, p, 16, eos=False)[len(p) :] for p in prompts]
     assert out.stats.draft_failures == 2 and [r.draft_failures for r in out.stats.rounds][1] == 2
     assert out.stats.rounds[1].sources == ["none", "none"]  # a plain step for both rows
     assert any("drafter" in r.sources for r in out.stats.rounds[2:])  # and the drafter drafts again afterwards
@@ -59,9 +68,18 @@ def test_a_drafter_that_returns_nan_costs_its_rows_one_round_of_drafts(target, d
 
     monkeypatch.setattr(drafter_module, "draft_block", nan_on_third_pass)
     with caplog.at_level(logging.WARNING):
-        out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting=EVERY_ROUND,
-                       verify_policy=FixedVerifyLength(None), drafting_state=DraftingState(EVERY_ROUND))
-    assert _generated(out, ids.shape[1]) == [greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
+        out = generate(
+            target,
+            drafter,
+            ids,
+            mask,
+            max_new_tokens=12,
+            eos_token_id=None,
+            drafting=EVERY_ROUND,
+            verify_policy=FixedVerifyLength(None),
+            drafting_state=DraftingState(EVERY_ROUND),
+        )
+    assert _generated(out, ids.shape[1]) == [greedy_reference(target, p, 12, eos=False)[len(p) :] for p in prompts]
     assert out.stats.draft_failures == 2 and out.stats.rounds[2].sources == ["none", "none"]
     assert "non-finite probabilities" in caplog.text
 
@@ -98,7 +116,16 @@ def test_a_failing_length_head_never_fails_a_request(target, drafter):
     ids, mask = left_pad(prompts)
     for mode in ("raise", "nan"):
         policy = LengthHeadVerifyLength(BrokenHead(mode), cost_model=VerifyCostModel(prior_slope=0.0))
-        out = generate(target, drafter, ids, mask, max_new_tokens=10, eos_token_id=None, drafting=EVERY_ROUND,
-                       verify_policy=policy, drafting_state=DraftingState(EVERY_ROUND))
-        assert _generated(out, ids.shape[1]) == [greedy_reference(target, p, 10, eos=False)[len(p):] for p in prompts]
+        out = generate(
+            target,
+            drafter,
+            ids,
+            mask,
+            max_new_tokens=10,
+            eos_token_id=None,
+            drafting=EVERY_ROUND,
+            verify_policy=policy,
+            drafting_state=DraftingState(EVERY_ROUND),
+        )
+        assert _generated(out, ids.shape[1]) == [greedy_reference(target, p, 10, eos=False)[len(p) :] for p in prompts]
         assert 0 < out.stats.draft_failures <= out.stats.num_rounds  # one row: at most once a round

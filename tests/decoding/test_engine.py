@@ -14,18 +14,18 @@ DRAFTER_ONLY = dict(drafting=DraftingConfig.only("drafter"), verify_policy=Fixed
 
 
 def expected_rows(target, prompts, max_new_tokens):
-    return [greedy_reference(target, p, max_new_tokens)[len(p):] for p in prompts]
+    return [greedy_reference(target, p, max_new_tokens)[len(p) :] for p in prompts]
 
 
 def generated_rows(out, width):
-    return [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    return [row[width : width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
 
 
 def test_random_drafter_batch_matches_target(target, drafter):
     prompts = random_prompts(LENGTHS)
     ids, mask = left_pad(prompts)
     out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None)
-    assert generated_rows(out, ids.shape[1]) == [greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
+    assert generated_rows(out, ids.shape[1]) == [greedy_reference(target, p, 12, eos=False)[len(p) :] for p in prompts]
     assert out.sequences.shape == (len(prompts), ids.shape[1] + 12)
 
 
@@ -60,9 +60,7 @@ def test_eos_inside_accepted_block_and_budget(target, drafter):
     oracle = OracleDrafter(drafter.config).setup(target, references, 0.0).eval()
     for max_new in (1, 7, 23):
         out = generate(target, oracle, ids, mask, max_new_tokens=max_new, eos_token_id=eos, **DRAFTER_ONLY)
-        want = [
-            greedy_reference(target, p, max_new, eos=False)[len(p):] for p in prompts
-        ]
+        want = [greedy_reference(target, p, max_new, eos=False)[len(p) :] for p in prompts]
         want = [w[: w.index(eos) + 1] if eos in w else w for w in want]
         assert generated_rows(out, width) == want
         assert all(len(w) <= max_new for w in generated_rows(out, width))
@@ -74,9 +72,19 @@ def test_verify_length_policy_caps_acceptance(target, drafter):
     width = ids.shape[1]
     references = {width - len(p): greedy_reference(target, p, 40, eos=False) for p in prompts}
     oracle = OracleDrafter(drafter.config).setup(target, references, 0.0).eval()
-    out = generate(target, oracle, ids, mask, max_new_tokens=20, eos_token_id=None, verify_policy=FixedVerifyLength(3),
-                   drafting=DraftingConfig.only("drafter"))
-    assert generated_rows(out, width) == [r[len(p): len(p) + 20] for p, r in zip(prompts, [references[width - len(p)] for p in prompts])]
+    out = generate(
+        target,
+        oracle,
+        ids,
+        mask,
+        max_new_tokens=20,
+        eos_token_id=None,
+        verify_policy=FixedVerifyLength(3),
+        drafting=DraftingConfig.only("drafter"),
+    )
+    assert generated_rows(out, width) == [
+        r[len(p) : len(p) + 20] for p, r in zip(prompts, [references[width - len(p)] for p in prompts])
+    ]
     assert max(a for r in out.stats.rounds for a in r.accept_lengths) == 2
     assert out.accept_rate == pytest.approx(1.0)
 
@@ -93,9 +101,16 @@ def test_streaming_and_callbacks(target, drafter):
         def end(self):
             streamed.append("end")
 
-    out = generate(target, drafter, ids, max_new_tokens=10, eos_token_id=None, streamer=Streamer(),
-                   on_tokens=lambda row, toks: seen.extend(toks))
-    new = out.sequences[0, ids.shape[1]:].tolist()
+    out = generate(
+        target,
+        drafter,
+        ids,
+        max_new_tokens=10,
+        eos_token_id=None,
+        streamer=Streamer(),
+        on_tokens=lambda row, toks: seen.extend(toks),
+    )
+    new = out.sequences[0, ids.shape[1] :].tolist()
     assert streamed[0] == prompts[0] and streamed[-1] == "end"
     assert sum(streamed[1:-1], []) == new == seen
 
@@ -131,5 +146,5 @@ def test_max_length_default_and_list_of_stop_ids(target, drafter):
     assert out.sequences.tolist() == want.tolist()
     stop = want[0, 9].item()
     out = generate(target, drafter, ids, max_new_tokens=8, eos_token_id=[EOS, stop])
-    new = out.sequences[0, 6: 6 + out.num_new_tokens[0]].tolist()
-    assert new[-1] == stop and new == want[0, 6: 6 + len(new)].tolist()
+    new = out.sequences[0, 6 : 6 + out.num_new_tokens[0]].tolist()
+    assert new[-1] == stop and new == want[0, 6 : 6 + len(new)].tolist()

@@ -118,23 +118,33 @@ def test_batched_cost_interpolates_along_rows_at_a_measured_width():
     assert cost.cost_batch(16, 3) == pytest.approx(0.200)  # measured
     assert cost.cost_batch(8, 3) == pytest.approx(0.050 + (0.200 - 0.050) * 4 / 12)  # along rows at width 3
     assert cost.cost_batch(8, 3) / cost.cost_batch(8, 1) == pytest.approx(2.5)  # not the one-row ratio (0.012 / 0.010)
-    # below the measured rows: the plain step of 2 rows (0.010, along rows) scaled as one row's cost grows from 2 to 6 tokens
+    # below the measured rows: the plain step of 2 rows (0.010, along rows) scaled as one row's cost grows from 2 to
+    # 6 tokens
     assert cost.cost_batch(2, 3) == pytest.approx(0.010 * cost.cost(6) / cost.cost(2))
 
 
 def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explores():
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)  # a plain step of 16 rows
-    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=16, refresh_plain_every=8,
-                                 explore_budget=0.125, desync_per_row=0.0, burst_rounds=1,
-                                 min_evidence=1)
+    policy = GoodputVerifyLength(
+        cost_model=cost,
+        explore_every=4,
+        max_explore_every=16,
+        refresh_plain_every=8,
+        explore_budget=0.125,
+        desync_per_row=0.0,
+        burst_rounds=1,
+        min_evidence=1,
+    )
     plain, spec = torch.ones(16, dtype=torch.long), torch.full((16,), 5, dtype=torch.long)
     assert policy.wants_drafts(16)  # no evidence yet: speculate
     policy.update(torch.full((16,), 1), spec, 0.300)  # 2 tokens per row in 3 plain steps' time: worse
     policy.update(torch.zeros(16, dtype=torch.long), plain, 0.100)  # 1 token per row in one step
     assert policy.rate(5, True) == pytest.approx(2 / 3) and policy.rate(5, False) == pytest.approx(1.0)
     held = []
-    for _ in range(30):  # as the engine runs: a held round is a plain step, an explored one speculates (and loses again)
+    for _ in range(
+        30
+    ):  # as the engine runs: a held round is a plain step, an explored one speculates (and loses again)
         held.append(policy.wants_drafts(16))
         if held[-1]:
             policy.update(torch.full((16,), 1), spec, 0.300)
@@ -144,14 +154,21 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     # explore_every rounds after the first loss, then far enough apart that each loss (1 plain step's time) wastes an
     # eighth of the time: every 8 rounds, not more rarely with every loss (one unlucky round cannot hold plain for long)
     assert explored == [2, 10, 18, 26] and policy.guard.explore[5] == 8
-    budgeted = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=256, desync_per_row=0.0,
-                                   burst_rounds=1, min_evidence=1)  # budget 0.01
+    budgeted = GoodputVerifyLength(
+        cost_model=cost, explore_every=4, max_explore_every=256, desync_per_row=0.0, burst_rounds=1, min_evidence=1
+    )  # budget 0.01
     budgeted.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
     budgeted.update(torch.full((16,), 1), spec, 0.300)  # wastes 3 - 2 = 1 plain step: explore every 100 rounds at most
     assert budgeted.guard.explore[5] == 100
-    budgeted.update(torch.full((16,), 1), spec, 0.700)  # a dear round: the bucket's rate falls to 3.8 / 9.7 tokens per step,
-    assert budgeted.guard.explore[5] == 256  # 2 * (9.7 / 3.8 - 1) = 3.1 plain steps lost per round: 310, capped at max_explore_every
-    budgeted.update(torch.full((16,), 1), spec, 0.205)  # one cheap round does not undo that: the interval follows the rates
+    budgeted.update(
+        torch.full((16,), 1), spec, 0.700
+    )  # a dear round: the bucket's rate falls to 3.8 / 9.7 tokens per step,
+    assert (
+        budgeted.guard.explore[5] == 256
+    )  # 2 * (9.7 / 3.8 - 1) = 3.1 plain steps lost per round: 310, capped at max_explore_every
+    budgeted.update(
+        torch.full((16,), 1), spec, 0.205
+    )  # one cheap round does not undo that: the interval follows the rates
     assert budgeted.guard.explore[5] == math.ceil(2 * (1 / budgeted.rate(5, True) - 1) / 0.01) == 198
     cheap = GoodputVerifyLength(cost_model=cost, explore_every=4, desync_per_row=0.0, burst_rounds=1, min_evidence=1)
     cheap.update(torch.zeros(16, dtype=torch.long), plain, 0.100)
@@ -168,7 +185,9 @@ def test_the_guard_holds_plain_steps_where_speculation_realises_less_and_explore
     policy.update(torch.zeros(4, dtype=torch.long), torch.full((4,), 5, dtype=torch.long), 0.030)
     assert policy.rate(3, False) == policy.rate(5, False)  # no plain step timed at 4 rows: the 16-row one stands in
     assert not policy.wants_drafts(4)  # 1 token per row in more than a plain step's time: hold plain there too
-    for _ in range(12):  # speculation now pays at 16 rows: tokens over time climbs past plain's, and the guard lets it through
+    for _ in range(
+        12
+    ):  # speculation now pays at 16 rows: tokens over time climbs past plain's, and the guard lets it through
         policy.update(torch.full((16,), 4), spec, 0.150)
     assert policy.rate(5, True) > policy.rate(5, False)
     assert not policy.wants_drafts(16)  # 12 speculative rounds in a row: time a plain step (refresh_plain_every=8)
@@ -181,9 +200,20 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
     steps in a row, so one noisy round cannot flip the decision; a losing run's interval counts all of its rounds."""
     cost = VerifyCostModel()
     cost.update(8, 0.100, rows=8)
-    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, refresh_plain_every=6, burst_rounds=3, desync_per_row=0.0,
-                                 explore_budget=0.1, min_evidence=1)
-    one, spec, plain = torch.ones(8, dtype=torch.long), torch.full((8,), 3, dtype=torch.long), torch.ones(8, dtype=torch.long)
+    policy = GoodputVerifyLength(
+        cost_model=cost,
+        explore_every=4,
+        refresh_plain_every=6,
+        burst_rounds=3,
+        desync_per_row=0.0,
+        explore_budget=0.1,
+        min_evidence=1,
+    )
+    one, spec, plain = (
+        torch.ones(8, dtype=torch.long),
+        torch.full((8,), 3, dtype=torch.long),
+        torch.ones(8, dtype=torch.long),
+    )
     pays = {True: 0.150, False: 0.100}  # speculation first pays (2 tokens in 1.5 steps), later loses (2 tokens in 2.5)
     answers = []
     for i in range(90):
@@ -203,8 +233,9 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
 
 
 def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says():
-    """While a bucket is held, the cost model's wider entries go stale (only plain steps run), so an explored round that
-    let it choose could verify anchors only and prove nothing: explored rounds verify every row's drafts up to the cap."""
+    """While a bucket is held, the cost model's wider entries go stale (only plain steps run), so an explored round
+    that let it choose could verify anchors only and prove nothing: explored rounds verify every row's drafts up to
+    the cap."""
     cost = VerifyCostModel()
     cost.update(4, 0.010, rows=4)
     cost.update(4 * 5, 0.200, rows=4)  # stale: verifying 4 drafts per row looks 20 plain steps dear,
@@ -213,13 +244,17 @@ def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says()
     policy = GoodputVerifyLength(cost_model=cost, explore_every=4, min_evidence=1, explore_budget=1.0)
     rates = torch.full((4, 8), 0.6)
     policy.update(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.010, proposed=False)
-    policy.update(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.020, proposed=True)  # a losing round
+    policy.update(
+        torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long), 0.020, proposed=True
+    )  # a losing round
     assert policy.losing(3)
     lengths = []
     for _ in range(8):
         if policy.wants_drafts(4):
             chosen = policy.verify_lens(rates, None).tolist()
-            if policy.guard.exploring:  # (rounds it speculates in once exploring has shown that pays use the cost model again)
+            if (
+                policy.guard.exploring
+            ):  # (rounds it speculates in once exploring has shown that pays use the cost model again)
                 lengths.append(chosen)
             policy.update(torch.full((4,), 2), torch.tensor(chosen), 0.020, proposed=True)
         else:
@@ -233,12 +268,16 @@ def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says()
 
 
 def test_a_fixed_length_arm_verifies_every_row_up_to_its_length_whatever_the_cost_model_says():
-    """At 4 rows a cost table learnt from few, noisy ragged forwards made the goodput choice verify 10-74 % of the rows'
-    anchors only, while adaflash@4 realised 1.16x plain (measured on a 2-core CPU): an arm of a fixed length runs as adaflash@N does,
-    so the guard measures what that length realises and runs it where it pays most."""
+    """At 4 rows a cost table learnt from few, noisy ragged forwards made the goodput choice verify 10-74 % of the
+    rows' anchors only, while adaflash@4 realised 1.16x plain (measured on a 2-core CPU): an arm of a fixed length
+    runs as adaflash@N does, so the guard measures what that length realises and runs it where it pays most."""
     cost = VerifyCostModel()
     cost.update(4, 0.010, rows=4)
-    for tokens, seconds in ((4, 0.010), (8, 0.150), (16, 0.200)):  # drafts look dear: the goodput choice verifies anchors only
+    for tokens, seconds in (
+        (4, 0.010),
+        (8, 0.150),
+        (16, 0.200),
+    ):  # drafts look dear: the goodput choice verifies anchors only
         cost.update(tokens, seconds, rows=4, ragged=True)
     rates = torch.full((4, 8), 0.5)
     from adaflash_hf.decoding.goodput import ragged_verify_lens
@@ -258,8 +297,8 @@ def test_a_fixed_length_arm_verifies_every_row_up_to_its_length_whatever_the_cos
 
 
 def test_the_guard_asks_larger_batches_to_win_by_more():
-    """Speculative rounds that realise 8 % more than plain steps pay at 4 rows, not at 16, where desynchronised rows cost
-    what no single round shows; a loss counts that cost too."""
+    """Speculative rounds that realise 8 % more than plain steps pay at 4 rows, not at 16, where desynchronised rows
+    cost what no single round shows; a loss counts that cost too."""
     policy = GoodputVerifyLength()
     assert [round(policy.desync_cost(n.bit_length()), 3) for n in (1, 4, 8, 16, 32)] == [1.0, 1.024, 1.056, 1.12, 1.248]
     assert policy.desync_cost((12).bit_length()) == policy.desync_cost((8).bit_length())  # a bucket's smallest batch
@@ -271,7 +310,11 @@ def test_the_guard_asks_larger_batches_to_win_by_more():
         policy.update(torch.ones(rows, dtype=torch.long), torch.full((rows,), 3), 0.100 * 2 / 1.08, proposed=True)
         assert policy.losing(rows.bit_length()) is holds
     lost = 2 / 1.08 * policy.desync_cost(5) - 2  # plain steps' worth: the round's time with its desync, less its tokens
-    assert policy.guard.explore[5] == max(policy.explore_every, math.ceil(policy.burst_rounds * lost / policy.explore_budget)) == 23
+    assert (
+        policy.guard.explore[5]
+        == max(policy.explore_every, math.ceil(policy.burst_rounds * lost / policy.explore_budget))
+        == 23
+    )
 
 
 def test_the_guard_caps_verify_lengths_at_the_cap_that_realises_most():
@@ -308,7 +351,9 @@ def test_a_round_that_proposed_counts_as_speculative_even_when_it_verified_only_
     cost.update(16, 0.100, rows=16)
     policy = GoodputVerifyLength(cost_model=cost)
     anchors = torch.ones(16, dtype=torch.long)
-    assert policy.wants_drafts(16)  # proposals made (the drafter ran), then every row chose a plain step: 1.2 steps' time
+    assert policy.wants_drafts(
+        16
+    )  # proposals made (the drafter ran), then every row chose a plain step: 1.2 steps' time
     policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.120, proposed=True)
     assert policy.rate(5, True) == pytest.approx(1 / 1.2) and (5, False) not in policy.realised
     assert not policy.wants_drafts(16)  # time a real plain step next
@@ -316,7 +361,9 @@ def test_a_round_that_proposed_counts_as_speculative_even_when_it_verified_only_
     assert policy.rate(5, False) == pytest.approx(1.0) and policy.losing(5)
     assert not policy.wants_drafts(16)  # proposing costs more than it brings here: hold plain steps
     policy.update(torch.zeros(16, dtype=torch.long), anchors, 0.100, proposed=False)
-    policy.update(torch.zeros(16, dtype=torch.long), torch.full((16,), 3), 0.2)  # proposed unknown: filed by verify lengths
+    policy.update(
+        torch.zeros(16, dtype=torch.long), torch.full((16,), 3), 0.2
+    )  # proposed unknown: filed by verify lengths
     assert policy.guard.since[(5, True)] == 0
 
 
@@ -342,7 +389,11 @@ def test_slow_first_speculative_rounds_do_not_hold_plain_steps_for_long():
     cost = VerifyCostModel()
     cost.update(4, 0.010, rows=4)  # a plain step of 4 rows
     policy = GoodputVerifyLength(cost_model=cost, explore_every=8)
-    one, spec, plain = torch.ones(4, dtype=torch.long), torch.full((4,), 8, dtype=torch.long), torch.ones(4, dtype=torch.long)
+    one, spec, plain = (
+        torch.ones(4, dtype=torch.long),
+        torch.full((4,), 8, dtype=torch.long),
+        torch.ones(4, dtype=torch.long),
+    )
     for _ in range(4):  # warm-up: the first speculative rounds are ten times slower than they will be
         policy.update(one * 2, spec, 0.150)  # 3 tokens in 15 plain steps' time
     policy.update(one * 0, plain, 0.010)
@@ -391,12 +442,20 @@ def test_a_held_round_proposes_nothing_and_runs_no_drafter(target, drafter):
     prompts = random_prompts((6, 9), seed=3)
     ids, mask = left_pad(prompts)
     with counting_forwards(drafter) as calls:
-        out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting_state=DraftingState(),
-                       verify_policy=HoldPlain())
+        out = generate(
+            target,
+            drafter,
+            ids,
+            mask,
+            max_new_tokens=12,
+            eos_token_id=None,
+            drafting_state=DraftingState(),
+            verify_policy=HoldPlain(),
+        )
     assert not calls and out.mean_accepted_length == 1.0
     assert {s for r in out.stats.rounds for s in r.sources} == {"none"}
-    want = [greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
-    assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    want = [greedy_reference(target, p, 12, eos=False)[len(p) :] for p in prompts]
+    assert [row[ids.shape[1] : ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
 
 
 def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, drafter, tmp_path, monkeypatch):
@@ -423,12 +482,21 @@ def test_proposals_stop_at_what_the_round_can_verify_and_stay_lossless(target, d
 
     monkeypatch.setattr(HybridProposer, "propose", recorded_propose)
     monkeypatch.setattr(drafter_module, "top_probs_and_tokens", recorded_top_probs)
-    out = generate(target, drafter, ids, mask, max_new_tokens=30, eos_token_id=None, drafting_state=state,
-                   drafting=DraftingConfig(drafter_every_round=True), verify_policy=FixedVerifyLength(3))
+    out = generate(
+        target,
+        drafter,
+        ids,
+        mask,
+        max_new_tokens=30,
+        eos_token_id=None,
+        drafting_state=state,
+        drafting=DraftingConfig(drafter_every_round=True),
+        verify_policy=FixedVerifyLength(3),
+    )
     assert longest and max(longest) == 2 and head_positions and set(head_positions) == {2}
     assert max(n for r in out.stats.rounds for n in r.verify_lens) == 3
-    want = [a[len(p):] for a, p in zip(answers, prompts)]
-    assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    want = [a[len(p) :] for a, p in zip(answers, prompts)]
+    assert [row[width : width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
     policy = GoodputVerifyLength(caps=(3,))  # the adaptive policy's arm is known before the proposal, as a limit
     assert verify_limit(policy) is None
     policy._round_cap = 3
@@ -448,15 +516,25 @@ def test_every_draft_source_is_lossless_in_fp32_greedy(target, drafter, source, 
         for answer in answers:
             state.remember(answer)
     if source in ("datastore", "hybrid"):  # the target's own outputs, shipped with the drafter
-        save_datastore([a[len(p):] for a, p in zip(answers, prompts)], tmp_path / "datastore.safetensors")
+        save_datastore([a[len(p) :] for a, p in zip(answers, prompts)], tmp_path / "datastore.safetensors")
         drafter.adaflash_datastore = load_datastore(tmp_path / "datastore.safetensors")
-    out = generate(target, None if source in ("suffix", "global") else drafter, ids, mask, max_new_tokens=40,
-                   eos_token_id=None, drafting=drafting, drafting_state=state,
-                   verify_policy=None if source == "hybrid" else FixedVerifyLength())  # fixed: no timing in the choices
-    want = [greedy_reference(target, p, 40, eos=False)[len(p):] for p in prompts]
-    assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    out = generate(
+        target,
+        None if source in ("suffix", "global") else drafter,
+        ids,
+        mask,
+        max_new_tokens=40,
+        eos_token_id=None,
+        drafting=drafting,
+        drafting_state=state,
+        verify_policy=None if source == "hybrid" else FixedVerifyLength(),
+    )  # fixed: no timing in the choices
+    want = [greedy_reference(target, p, 40, eos=False)[len(p) :] for p in prompts]
+    assert [row[width : width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
     used = {s for r in out.stats.rounds for s in r.sources}
-    assert used <= {"none", source} if source != "hybrid" else used <= {"none", "drafter", "suffix", "global", "datastore"}
+    assert (
+        used <= {"none", source} if source != "hybrid" else used <= {"none", "drafter", "suffix", "global", "datastore"}
+    )
     if source in ("suffix", "global", "datastore"):
         assert out.stats.source_counts()[source][1] > 0  # its drafts were really accepted
         assert out.mean_accepted_length > 1.2
@@ -479,8 +557,17 @@ def test_hybrid_learns_that_a_perfect_drafter_gets_accepted(target, drafter):
     oracle = OracleDrafter(drafter.config).setup(target, references, 0.0).eval()
     state = DraftingState()
     for _ in range(3):
-        out = generate(target, oracle, ids, mask, max_new_tokens=40, eos_token_id=None, drafting_state=state,
-                       drafting=DraftingConfig(global_index=False), verify_policy=FixedVerifyLength())
+        out = generate(
+            target,
+            oracle,
+            ids,
+            mask,
+            max_new_tokens=40,
+            eos_token_id=None,
+            drafting_state=state,
+            drafting=DraftingConfig(global_index=False),
+            verify_policy=FixedVerifyLength(),
+        )
         rounds, accepted = out.stats.source_counts()["drafter"]
         assert accepted / rounds > 3  # full blocks
         assert out.mean_accepted_length > 3
@@ -506,10 +593,13 @@ def test_draft_vocabulary_restricts_drafts_saves_and_is_left_out_of_dflash_expor
 
     prompts = random_prompts((4, 7), seed=2)
     ids, mask = left_pad(prompts)
-    out = generate(target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting=DraftingConfig.only("drafter"))
+    out = generate(
+        target, drafter, ids, mask, max_new_tokens=12, eos_token_id=None, drafting=DraftingConfig.only("drafter")
+    )
     width = ids.shape[1]
-    assert [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == [
-        greedy_reference(target, p, 12, eos=False)[len(p):] for p in prompts]
+    assert [row[width : width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == [
+        greedy_reference(target, p, 12, eos=False)[len(p) :] for p in prompts
+    ]
     drafter.set_draft_vocab(None)
     assert drafter.draft_vocab is None and "draft_vocab" not in drafter.state_dict()
     with pytest.raises(ValueError, match="distinct"):
@@ -597,7 +687,8 @@ def test_a_cheap_drafter_runs_every_round_and_scores_the_look_up_candidates(chea
 
 
 def test_the_drafters_cost_is_measured_per_batch_size():
-    """A pass over 16 rows costs several one-row passes: cheap enough to score look-ups at batch 1 is not cheap at 16."""
+    """A pass over 16 rows costs several one-row passes: cheap enough to score look-ups at batch 1 is not cheap at
+    16."""
     state = DraftingState()
     assert state.drafter_cost(1) is None and not state.drafter_is_cheap(1)
     state.observe_round(1, 0.040, 0.002)  # one row: the drafter costs 5 % of a plain step
@@ -618,8 +709,13 @@ def test_a_drafter_that_does_not_pay_is_skipped_unless_it_must_draft_every_round
     state.observe_round(1, 0.040, 0.020)  # half a step for nothing accepted
     state.drafter_value = 0.0
     calls = []
-    proposer = HybridProposer(state, DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_scores=False,
-                                                    drafter_every_round=every_round), StubDrafter(calls, None))
+    proposer = HybridProposer(
+        state,
+        DraftingConfig(
+            suffix=False, global_index=False, datastore=False, drafter_scores=False, drafter_every_round=every_round
+        ),
+        StubDrafter(calls, None),
+    )
     proposer.add_row(0, [1, 2, 3])
 
     proposal = proposer.propose([0])
@@ -631,12 +727,20 @@ def test_drafting_every_round_runs_the_drafter_once_per_round_and_stays_lossless
     prompts = random_prompts((6, 9), seed=4)
     ids, mask = left_pad(prompts)
     with counting_forwards(drafter) as calls:
-        out = generate(target, drafter, ids, mask, max_new_tokens=16, eos_token_id=None, verify_policy=FixedVerifyLength(None),
-                       drafting=DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_every_round=True),
-                       drafting_state=DraftingState())
+        out = generate(
+            target,
+            drafter,
+            ids,
+            mask,
+            max_new_tokens=16,
+            eos_token_id=None,
+            verify_policy=FixedVerifyLength(None),
+            drafting=DraftingConfig(suffix=False, global_index=False, datastore=False, drafter_every_round=True),
+            drafting_state=DraftingState(),
+        )
     assert len(calls) == len(out.stats.rounds)
-    want = [greedy_reference(target, p, 16, eos=False)[len(p):] for p in prompts]
-    assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    want = [greedy_reference(target, p, 16, eos=False)[len(p) :] for p in prompts]
+    assert [row[ids.shape[1] : ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
 
 
 def test_scored_hybrid_rounds_stay_lossless_in_fp32_greedy(target, drafter, monkeypatch):
@@ -645,8 +749,8 @@ def test_scored_hybrid_rounds_stay_lossless_in_fp32_greedy(target, drafter, monk
     ids, mask = left_pad(prompts)
     state = DraftingState()
     out = generate(target, drafter, ids, mask, max_new_tokens=30, eos_token_id=None, drafting_state=state)
-    want = [greedy_reference(target, p, 30, eos=False)[len(p):] for p in prompts]
-    assert [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
+    want = [greedy_reference(target, p, 30, eos=False)[len(p) :] for p in prompts]
+    assert [row[ids.shape[1] : ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)] == want
     assert any(isinstance(feature[-1], str) for source, feature in state.estimator.seen if source != "drafter")
 
 
@@ -662,7 +766,9 @@ def test_an_exported_acceptance_prior_seeds_a_fresh_estimator_capped(tmp_path):
     fresh = AcceptanceEstimator()
     fresh.seed(load_acceptance_prior(path), cap=16)
     feature = (0, 4, 3, True)
-    assert fresh.rate("suffix", feature) == pytest.approx(trained.rate("suffix", feature))  # under the cap: the same counts
+    assert fresh.rate("suffix", feature) == pytest.approx(
+        trained.rate("suffix", feature)
+    )  # under the cap: the same counts
     assert fresh.seen[("datastore", (0, 2, 1, False, 1))] == 16 and fresh.rate("datastore", (0, 2, 1, False, 1)) < 0.05
     state = DraftingState()
     state.seed_acceptance(load_acceptance_prior(path))
@@ -670,11 +776,15 @@ def test_an_exported_acceptance_prior_seeds_a_fresh_estimator_capped(tmp_path):
     assert state.estimator.seen[("suffix", feature)] == 1
 
 
-@pytest.mark.parametrize("content, reason", [("not json", "cannot be read"), ('{"format": "other"}', "format"),
-                                             ('{"format": "adaflash-acceptance-prior", "entries": [["suffix", [0], 3, 1]]}',
-                                              "hits <= seen"),
-                                             ('{"format": "adaflash-acceptance-prior", "entries": [["nope", [0], 0, 1]]}',
-                                              "source")])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("not json", "cannot be read"),
+        ('{"format": "other"}', "format"),
+        ('{"format": "adaflash-acceptance-prior", "entries": [["suffix", [0], 3, 1]]}', "hits <= seen"),
+        ('{"format": "adaflash-acceptance-prior", "entries": [["nope", [0], 0, 1]]}', "source"),
+    ],
+)
 def test_a_corrupt_acceptance_prior_gets_a_clear_error(tmp_path, content, reason):
     path = tmp_path / PRIOR_FILE
     path.write_text(content)
@@ -695,5 +805,12 @@ def test_load_drafter_attaches_the_prior_and_the_engine_starts_from_it(target, d
     loaded = load_drafter(str(tmp_path / "d"), target)
     assert loaded.adaflash_acceptance_prior["entries"]
     state = DraftingState()
-    generate(target, loaded, torch.tensor([random_prompts((5,))[0]]), max_new_tokens=2, eos_token_id=None, drafting_state=state)
+    generate(
+        target,
+        loaded,
+        torch.tensor([random_prompts((5,))[0]]),
+        max_new_tokens=2,
+        eos_token_id=None,
+        drafting_state=state,
+    )
     assert state.seeded and ("suffix", (0, 1, 1, True)) in state.estimator.seen

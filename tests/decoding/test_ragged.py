@@ -18,6 +18,7 @@ from adaflash_hf._compat import (
     ragged_forward,
     supports_ragged,
 )
+from adaflash_hf.decoding import membership
 from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.cost import VerifyCostModel
 from adaflash_hf.decoding.draft_tree import tree_attention_mask
@@ -38,7 +39,9 @@ def test_layout_packs_real_tokens_row_major_and_pads_with_each_rows_last_token()
     assert torch.equal(layout.unpack_heads(heads)[1, :, 2], heads[0, :, 3])  # row 1, column 2 = packed token 3
 
 
-@pytest.mark.parametrize("lengths", [[1, 4, 3], [1, 4, 1], [1, 1, 1]])  # padded attention; anchors + long rows; anchors only
+@pytest.mark.parametrize(
+    "lengths", [[1, 4, 3], [1, 4, 1], [1, 1, 1]]
+)  # padded attention; anchors + long rows; anchors only
 @pytest.mark.parametrize("tree", [False, True])
 def test_ragged_forward_matches_the_padded_forward(target, tree, lengths):
     assert supports_ragged(target)
@@ -57,13 +60,23 @@ def test_ragged_forward_matches_the_padded_forward(target, tree, lengths):
         depths = torch.tensor([[1, 1, 2], [1, 2, 3], [1, 2, 2]]) if tree else torch.arange(1, g + 1)[None].expand(b, -1)
         verify_pos = pos[:, -1:] + 1 + torch.cat([torch.zeros(b, 1, dtype=torch.long), depths], dim=1)
         attn = tree_attention_mask(mask, parents, target.dtype)
-        padded = target(input_ids=verify_ids, position_ids=verify_pos, attention_mask=attn, use_cache=True,
-                        **{CACHE_KWARG: caches[0]}).logits
+        padded = target(
+            input_ids=verify_ids,
+            position_ids=verify_pos,
+            attention_mask=attn,
+            use_cache=True,
+            **{CACHE_KWARG: caches[0]},
+        ).logits
         lengths = torch.tensor(lengths)
         layout = RaggedLayout.from_lengths(lengths, g + 1)
         with ragged_forward(layout):
-            out = target(input_ids=layout.pack(verify_ids), position_ids=layout.pack(verify_pos), attention_mask=attn,
-                         use_cache=True, **{CACHE_KWARG: caches[1]})
+            out = target(
+                input_ids=layout.pack(verify_ids),
+                position_ids=layout.pack(verify_pos),
+                attention_mask=attn,
+                use_cache=True,
+                **{CACHE_KWARG: caches[1]},
+            )
         ragged = layout.unpack(out.logits)
     for row, n in enumerate(lengths.tolist()):
         torch.testing.assert_close(ragged[row, :n], padded[row, :n], atol=1e-5, rtol=1e-5)
@@ -97,8 +110,11 @@ def test_folded_attention_equals_attention_over_repeated_keys(b, q, mask_kind):
     query, key, value = (torch.randn(b, n, t, d, generator=gen) for n, t in ((heads, q), (kv_heads, s), (kv_heads, s)))
     visible = torch.rand(b, 1, q, s, generator=gen) > 0.3
     visible[..., -1] = True  # every query sees at least one key
-    mask = {"bool": visible, "additive": torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min),
-            "none": None}[mask_kind]
+    mask = {
+        "bool": visible,
+        "additive": torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min),
+        "none": None,
+    }[mask_kind]
     module = GroupedAttention(heads // kv_heads, is_causal=q == 1)
     assert folds(module, query, mask) == (q == 1 or b >= 4)
     out, weights = folded_sdpa(module, query, key, value, mask)
@@ -117,7 +133,9 @@ def test_folding_is_declined_where_it_does_not_apply():
     assert not folds(GroupedAttention(2), query, mask, softcap=30.0)
     assert not folds(GroupedAttention(2), query, torch.ones(8, 4, 3, 5, dtype=torch.bool))  # per-head masks
     assert not folds(GroupedAttention(2), torch.zeros(2, 4, 3, 2), mask[:2])  # few rows of several tokens
-    assert not folds(GroupedAttention(2), torch.zeros(8, 4, 200, 2), torch.ones(8, 1, 200, 5, dtype=torch.bool))  # a prefill
+    assert not folds(
+        GroupedAttention(2), torch.zeros(8, 4, 200, 2), torch.ones(8, 1, 200, 5, dtype=torch.bool)
+    )  # a prefill
 
 
 def test_the_target_under_folded_attention_gives_the_logits_of_stock_attention(target, monkeypatch):
@@ -137,7 +155,13 @@ def test_the_target_under_folded_attention_gives_the_logits_of_stock_attention(t
                 step_pos = pos[:, -1:] + 1 + torch.arange(k)
                 full = torch.cat([mask, torch.ones(ids.shape[0], k, dtype=mask.dtype)], dim=1)
                 with fold_gqa(torch.device("cpu")) if folded else contextlib.nullcontext():
-                    out = target(input_ids=new, position_ids=step_pos, attention_mask=full, use_cache=True, **{CACHE_KWARG: cache})
+                    out = target(
+                        input_ids=new,
+                        position_ids=step_pos,
+                        attention_mask=full,
+                        use_cache=True,
+                        **{CACHE_KWARG: cache},
+                    )
                 cache.crop(-k)
                 steps.append(out.logits)
             logits.append(steps)
@@ -186,7 +210,8 @@ def ragged_calls(monkeypatch):
         finally:
             prefilling.pop()
 
-    monkeypatch.setattr(state_module, "ragged_forward", counting)
+    for module in (state_module, membership):  # verifications and prefills
+        monkeypatch.setattr(module, "ragged_forward", counting)
     monkeypatch.setattr(SpeculativeBatch, "_prefill", marked_prefill)
     return used
 
@@ -219,10 +244,19 @@ def test_engine_verifies_ragged_rows_and_stays_lossless(target, drafter, ragged_
     width = ids.shape[1]
     references = {width - len(p): greedy_reference(target, p, 40, eos=False) for p in prompts}
     oracle = OracleDrafter(drafter.config).setup(target, references, 0.2).eval()
-    out = generate(target, oracle, ids, mask, max_new_tokens=24, eos_token_id=EOS, drafting=DraftingConfig.only("drafter"),
-                   drafting_state=DraftingState(), verify_policy=CyclingVerifyLength())
-    rows = [row[width: width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
-    assert rows == [greedy_reference(target, p, 24)[len(p):] for p in prompts]
+    out = generate(
+        target,
+        oracle,
+        ids,
+        mask,
+        max_new_tokens=24,
+        eos_token_id=EOS,
+        drafting=DraftingConfig.only("drafter"),
+        drafting_state=DraftingState(),
+        verify_policy=CyclingVerifyLength(),
+    )
+    rows = [row[width : width + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    assert rows == [greedy_reference(target, p, 24)[len(p) :] for p in prompts]
     assert ragged_calls, "rows of different verify lengths should have been verified ragged"
 
 
@@ -230,11 +264,20 @@ def test_goodput_policy_goes_ragged_and_stays_lossless(target, drafter, ragged_c
     prompts = random_prompts((4, 7, 10, 5), seed=8)
     ids, mask = left_pad(prompts)
     policy = GoodputVerifyLength()
-    out = generate(target, drafter, ids, mask, max_new_tokens=16, eos_token_id=None, verify_policy=policy,
-                   drafting=DraftingConfig(), drafting_state=DraftingState())
+    out = generate(
+        target,
+        drafter,
+        ids,
+        mask,
+        max_new_tokens=16,
+        eos_token_id=None,
+        verify_policy=policy,
+        drafting=DraftingConfig(),
+        drafting_state=DraftingState(),
+    )
     assert policy.ragged and ragged_calls
-    rows = [row[ids.shape[1]: ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
-    assert rows == [greedy_reference(target, p, 16, eos=False)[len(p):] for p in prompts]
+    rows = [row[ids.shape[1] : ids.shape[1] + n] for row, n in zip(out.sequences.tolist(), out.num_new_tokens)]
+    assert rows == [greedy_reference(target, p, 16, eos=False)[len(p) :] for p in prompts]
 
 
 def test_ragged_lengths_take_the_likeliest_drafts_as_row_prefixes():
@@ -263,4 +306,6 @@ def test_ragged_cost_falls_back_to_the_rectangular_estimate_then_interpolates():
     totals = range(4, 40)  # below, between and past the measured counts
     curve = cost.cost_ragged_curve(4, totals)
     assert curve.tolist() == pytest.approx([cost.cost_ragged(4, t) for t in totals])
-    assert cost.cost_ragged_curve(3, range(3, 9)).tolist() == pytest.approx([cost.cost_ragged(3, t) for t in range(3, 9)])
+    assert cost.cost_ragged_curve(3, range(3, 9)).tolist() == pytest.approx(
+        [cost.cost_ragged(3, t) for t in range(3, 9)]
+    )

@@ -46,7 +46,9 @@ def test_speculative_sampling_matches_target_joint(draft_kind):
     accept, nxt = rejection_accept(drafts, target_probs, torch.full((N,), 2), draft_probs, generator=g)
     first = torch.where(accept >= 1, d1, nxt)
     # the second emitted token: d2 if accepted, the correction if rejected at 2, else a fresh sample
-    second = torch.where(accept >= 2, d2, torch.where(accept == 1, nxt, torch.multinomial(p2[first], 1, generator=g).squeeze(1)))
+    second = torch.where(
+        accept >= 2, d2, torch.where(accept == 1, nxt, torch.multinomial(p2[first], 1, generator=g).squeeze(1))
+    )
     joint = torch.bincount(first * V + second, minlength=V * V).double()
     expected = (p1[:, None] * p2).flatten().double() * N
     assert chisquare(joint.numpy(), expected.numpy()).pvalue > 1e-3
@@ -101,28 +103,53 @@ def test_engine_sampling_reproduces_target_distribution(mode):
     prompt = [5, 9, 14, 20]
     if mode in ("suffix", "hybrid", "tree"):  # the target's own greedy loop (38, 24, 38, 24, ...) gives suffix matches
         prompt = greedy_reference(target, prompt, 6, eos=False)
-    if mode == "tree":  # each likely x1 (a superset of the support) followed by two different tokens: the suffix index branches
-        prompt = [u for t in (5, 9, 16, 23, 24, 25, 29, 38) for u in (t, 4 + (t + 1) % (VOCAB - 4), t, 4 + (t + 2) % (VOCAB - 4))] + prompt
+    if (
+        mode == "tree"
+    ):  # each likely x1 (a superset of the support) followed by two different tokens: the suffix index branches
+        prompt = [
+            u
+            for t in (5, 9, 16, 23, 24, 25, 29, 38)
+            for u in (t, 4 + (t + 1) % (VOCAB - 4), t, 4 + (t + 2) % (VOCAB - 4))
+        ] + prompt
     drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
-    oracle = OracleDrafter(drafter.config).setup(target, {0: greedy_reference(target, prompt, 12, eos=False)}, 0.3).eval()
+    oracle = (
+        OracleDrafter(drafter.config).setup(target, {0: greedy_reference(target, prompt, 12, eos=False)}, 0.3).eval()
+    )
     params = SamplingParams(do_sample=True, temperature=1.5, top_k=3)
     rows = 3000
     ids = torch.tensor([prompt] * rows)
     if mode.startswith("drafter"):
         choice = drafter_only()
     else:
-        choice = dict(drafting=DraftingConfig.only("suffix") if mode == "suffix" else DraftingConfig(global_index=False),
-                      verify_policy=FixedVerifyLength(), drafting_state=DraftingState())
-    out = generate(target, oracle if mode != "suffix" else None, ids, torch.ones_like(ids), max_new_tokens=3, do_sample=True,
-                   temperature=1.5, top_k=3, top_p=None, eos_token_id=None, draft_sampling=mode not in ("drafter-argmax", "tree"),
-                   generator=torch.Generator().manual_seed(3), **choice)
-    assert out.accept_rate > (0.02 if mode == "tree" else 0.05)  # drafts were really accepted (a tree verifies more of them)
+        choice = dict(
+            drafting=DraftingConfig.only("suffix") if mode == "suffix" else DraftingConfig(global_index=False),
+            verify_policy=FixedVerifyLength(),
+            drafting_state=DraftingState(),
+        )
+    out = generate(
+        target,
+        oracle if mode != "suffix" else None,
+        ids,
+        torch.ones_like(ids),
+        max_new_tokens=3,
+        do_sample=True,
+        temperature=1.5,
+        top_k=3,
+        top_p=None,
+        eos_token_id=None,
+        draft_sampling=mode not in ("drafter-argmax", "tree"),
+        generator=torch.Generator().manual_seed(3),
+        **choice,
+    )
+    assert out.accept_rate > (
+        0.02 if mode == "tree" else 0.05
+    )  # drafts were really accepted (a tree verifies more of them)
     if mode not in ("suffix", "tree"):
         assert any(s == "drafter" for r in out.stats.rounds for s in r.sources)
     if mode in ("suffix", "hybrid"):
         assert out.stats.source_counts()["suffix"][1] > 0  # suffix drafts were accepted
     assert any(r.tree for r in out.stats.rounds) == (mode == "tree")  # sampled drafter blocks are verified as chains
-    new = out.sequences[:, len(prompt):]  # (rows, 3)
+    new = out.sequences[:, len(prompt) :]  # (rows, 3)
 
     with torch.no_grad():
         p1 = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], params)

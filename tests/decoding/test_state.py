@@ -43,12 +43,18 @@ def test_rows_joining_mid_generation_match_the_target(target, drafter, sources, 
     drafting = DraftingConfig.only("drafter") if sources == "drafter" else DraftingConfig()
     state = DraftingState(drafting)
     state.EXPLORE_EVERY = 1  # run the drafter every round, so joins meet a drafter cache that keeps growing
-    batch = SpeculativeBatch(target, drafter, drafting=drafting, drafting_state=state,
-                             verify_policy=FixedVerifyLength(), compact_min_slots=compact_min_slots)
+    batch = SpeculativeBatch(
+        target,
+        drafter,
+        drafting=drafting,
+        drafting_state=state,
+        verify_policy=FixedVerifyLength(),
+        compact_min_slots=compact_min_slots,
+    )
     specs = [RowSpec(i, p, n, stop_ids=frozenset({EOS})) for i, (p, n) in enumerate(zip(prompts, budgets))]
     result = run_staggered(batch, specs, join_every=2)
     for i, (prompt, n) in enumerate(zip(prompts, budgets)):
-        reference = greedy_reference(target, prompt, n)[len(prompt):]
+        reference = greedy_reference(target, prompt, n)[len(prompt) :]
         assert result["tokens"][i] == reference, f"row {i}"
         assert result["finished"][i] == ("stop" if reference[-1] == EOS else "length")
     assert len(batch) == 0
@@ -61,15 +67,21 @@ def test_cancelled_rows_leave_and_the_others_are_unchanged(target, drafter):
     result = run_staggered(batch, specs, join_every=1, cancel={"r1", "r2"})
     assert result["finished"]["r1"] == result["finished"]["r2"] == "cancelled"
     for i in (0, 3):
-        reference = greedy_reference(target, prompts[i], 18, eos=False)[len(prompts[i]):]
+        reference = greedy_reference(target, prompts[i], 18, eos=False)[len(prompts[i]) :]
         assert result["tokens"][f"r{i}"] == reference
 
 
 def test_greedy_rows_stay_exact_next_to_sampled_rows(target, drafter):
     prompts = random_prompts([5, 7], seed=9)
-    batch = SpeculativeBatch(target, drafter, drafting_state=DraftingState(), generator=torch.Generator().manual_seed(0))
-    updates = batch.add_rows([RowSpec("greedy", prompts[0], 15),
-                              RowSpec("sampled", prompts[1], 15, SamplingParams(do_sample=True, temperature=1.5))])
+    batch = SpeculativeBatch(
+        target, drafter, drafting_state=DraftingState(), generator=torch.Generator().manual_seed(0)
+    )
+    updates = batch.add_rows(
+        [
+            RowSpec("greedy", prompts[0], 15),
+            RowSpec("sampled", prompts[1], 15, SamplingParams(do_sample=True, temperature=1.5)),
+        ]
+    )
     tokens = {"greedy": [], "sampled": []}
     while True:
         for u in updates:
@@ -77,7 +89,7 @@ def test_greedy_rows_stay_exact_next_to_sampled_rows(target, drafter):
         if not len(batch):
             break
         updates = batch.step()
-    assert tokens["greedy"] == greedy_reference(target, prompts[0], 15, eos=False)[len(prompts[0]):]
+    assert tokens["greedy"] == greedy_reference(target, prompts[0], 15, eos=False)[len(prompts[0]) :]
     assert len(tokens["sampled"]) == 15
 
 
@@ -127,7 +139,7 @@ def test_a_join_after_the_drafter_cache_compacts_to_nothing(target, drafter):
     while len(batch):
         take(batch.step())
     for name, prompt in (("b", prompts[1]), ("c", prompts[2])):
-        assert tokens[name] == greedy_reference(target, prompt, 12, eos=False)[len(prompt):]
+        assert tokens[name] == greedy_reference(target, prompt, 12, eos=False)[len(prompt) :]
 
 
 def _drafter_blocks(batch: SpeculativeBatch) -> dict:
@@ -155,8 +167,14 @@ def test_the_drafter_sees_the_same_context_alone_and_in_a_batch_with_joins(targe
     def new_batch():
         state = DraftingState(DraftingConfig.only("drafter"))
         state.EXPLORE_EVERY = 1
-        return SpeculativeBatch(target, drafter, drafting=state.config, drafting_state=state,
-                                verify_policy=FixedVerifyLength(), compact_min_slots=compact_min_slots)
+        return SpeculativeBatch(
+            target,
+            drafter,
+            drafting=state.config,
+            drafting_state=state,
+            verify_policy=FixedVerifyLength(),
+            compact_min_slots=compact_min_slots,
+        )
 
     alone = {}
     for i, (prompt, n) in enumerate(zip(prompts, budgets)):
@@ -177,9 +195,14 @@ def test_rounds_without_the_drafter_leave_the_target_cache_as_tight_as_plain_dec
     prompts = random_prompts([4, 11, 13, 9], seed=17)
     slots = {}
     for name, d in (("drafter", drafter), ("plain", None)):
-        state = DraftingState(DraftingConfig.only("drafter") if d is not None else
-                              DraftingConfig(drafter=False, global_index=False, datastore=False))
-        batch = SpeculativeBatch(target, d, drafting=state.config, drafting_state=state, verify_policy=FixedVerifyLength())
+        state = DraftingState(
+            DraftingConfig.only("drafter")
+            if d is not None
+            else DraftingConfig(drafter=False, global_index=False, datastore=False)
+        )
+        batch = SpeculativeBatch(
+            target, d, drafting=state.config, drafting_state=state, verify_policy=FixedVerifyLength()
+        )
         batch.add_rows([RowSpec("a", prompts[0], 40)])
         if d is not None:
             batch.step()  # one speculative round: the drafter caches row a's context
@@ -203,7 +226,7 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
     """Rounds that skip the drafter leave their features unread; the round that resumes drafting reads them all. The
     policy is told that round's time less the catching-up share of the drafter pass (by tokens), so a long hold does
     not make speculation look dearer than a drafter running every round would."""
-    from adaflash_hf.decoding import learning
+    from adaflash_hf.decoding import learning, membership
     from adaflash_hf.decoding import state as state_module
     from adaflash_hf.decoding.proposers import drafter as drafter_module
     from adaflash_hf.decoding.proposers.drafter import catch_up_seconds
@@ -226,7 +249,7 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
             self.reported.append((seconds, proposed))
 
     clock = [0.0]
-    for module in (state_module, drafter_module, learning):  # every clock the round reads
+    for module in (state_module, membership, drafter_module, learning):  # every clock the round reads
         monkeypatch.setattr(module, "timer", lambda device: clock[0])
     real_draft_block = drafter_module.draft_block
     read = []
@@ -249,5 +272,7 @@ def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_
     assert held == (0.0, False) and resumed[1] and steady[1]
     assert read[0] == 9 + 6  # the prompt and six held rounds' tokens, read at once
     block = drafter.config.block_size
-    assert resumed[0] == pytest.approx(0.001 * (read[0] + block) - 0.001 * (read[0] - 1))  # only the last round's token counts
+    assert resumed[0] == pytest.approx(
+        0.001 * (read[0] + block) - 0.001 * (read[0] - 1)
+    )  # only the last round's token counts
     assert steady[0] == pytest.approx(0.001 * (read[1] + block))  # a drafter running every round: nothing to subtract

@@ -28,8 +28,10 @@ from conftest import greedy_reference, left_pad, tiny_target
 
 def random_candidates(seed: int, count: int = 6, vocab: int = 4, length: int = 6):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, vocab, (length,), generator=g).tolist(), torch.rand(length, generator=g).tolist())
-            for _ in range(count)]
+    return [
+        (torch.randint(0, vocab, (length,), generator=g).tolist(), torch.rand(length, generator=g).tolist())
+        for _ in range(count)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -54,7 +56,9 @@ def test_tree_invariants(seed):
 
 
 def test_tree_merges_prefixes_and_keeps_the_likeliest_nodes():
-    tree = build_tree([([7, 8, 9], [0.9, 0.9, 0.9]), ([7, 8, 5], [0.9, 0.9, 0.5]), ([3], [0.05])], max_nodes=10, max_depth=8)
+    tree = build_tree(
+        [([7, 8, 9], [0.9, 0.9, 0.9]), ([7, 8, 5], [0.9, 0.9, 0.5]), ([3], [0.05])], max_nodes=10, max_depth=8
+    )
     assert tree.tokens[:2] == [7, 8] and tree.parents[:2] == [0, 1]
     assert sorted(tree.tokens[2:4]) == [5, 9] and tree.parents[2:4] == [2, 2]  # both branch after the shared "7 8"
     assert tree.origins[tree.tokens.index(9)] == 0 and tree.origins[tree.tokens.index(5)] == 1
@@ -110,14 +114,21 @@ def test_tree_forward_gives_every_node_the_logits_of_its_own_path(arch, attentio
     tree = build_tree([([4, 6, 8, 10], [0.9] * 4), ([4, 6, 9], [0.9, 0.9, 0.8]), ([13, 2], [0.3, 0.9])], 8, 8)
     with torch.no_grad():
         cache = DynamicCache()
-        target(input_ids=torch.tensor([prompt + [30]]), use_cache=True, **{CACHE_KWARG: cache})  # slot 6 is a hole below
+        target(
+            input_ids=torch.tensor([prompt + [30]]), use_cache=True, **{CACHE_KWARG: cache}
+        )  # slot 6 is a hole below
         slot_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
         anchor = 12
         parents = torch.tensor([tree.parents])
         ids = torch.tensor([[anchor, *tree.tokens]])
         positions = len(prompt) + torch.tensor([[0, *tree.depths]])
-        out = target(input_ids=ids, position_ids=positions, use_cache=True, **{CACHE_KWARG: cache},
-                     attention_mask=tree_attention_mask(slot_mask, parents, target.dtype))
+        out = target(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            **{CACHE_KWARG: cache},
+            attention_mask=tree_attention_mask(slot_mask, parents, target.dtype),
+        )
         paths = {0: [anchor]}
         for j, parent in enumerate(tree.parents):
             paths[j + 1] = paths[parent] + [tree.tokens[j]]
@@ -144,7 +155,8 @@ def test_tree_accept_sampling_reproduces_the_target_law():
     g = torch.Generator().manual_seed(0)
     p1 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
     p2 = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)  # row = x1
-    # a tree with branches 1 -> {2, 3} and 0: slot 1 = token 1, slot 2 = token 0, slot 3 = 2 (under 1), slot 4 = 3 (under 1)
+    # a tree with branches 1 -> {2, 3} and 0: slot 1 = token 1, slot 2 = token 0, slot 3 = 2 (under 1),
+    # slot 4 = 3 (under 1)
     tokens, parents = torch.tensor([[1, 0, 2, 3]]), torch.tensor([[0, 0, 1, 1]])
     logits = torch.stack([p1, p2[1], p2[0], p2[2], p2[3]]).log()[None]  # slot q predicts the token after its path
     params = [SamplingParams(do_sample=True)]
@@ -166,7 +178,8 @@ def test_ngram_branches_start_with_the_runner_up_tokens():
     branches = index.propose_branches([9, 1, 2], max_len=3, branches=3)
     assert [b[0] for b in branches] == [[3, 4, 1], [5, 6]]  # the most frequent next token first, then the runner-up
     assert branches[0][0] == index.propose([9, 1, 2], 3)[0]
-    assert branches[1][1][0] == (0, 2, 1, False, 1)  # its first token: position 0, a 2-gram seen once, not unanimous, rank 1
+    # its first token: position 0, a 2-gram seen once, not unanimous, rank 1
+    assert branches[1][1][0] == (0, 2, 1, False, 1)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -177,19 +190,38 @@ def test_engine_verifies_trees_losslessly(arch):
     motifs = [[5, 6, 7, 8, 5, 6, 9, 10, 5, 6, 7, 11, 5, 6], [20, 21, 22, 20, 21, 23, 20, 21], [30, 31, 32, 33]]
     prompts = [greedy_reference(target, m, 8, eos=False) + m for m in motifs]  # the target's own loops, then the motif
     ids, mask = left_pad(prompts)
-    out = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
-                   drafting=DraftingConfig(global_index=False), verify_policy=FixedVerifyLength(),
-                   drafting_state=DraftingState())
+    out = generate(
+        target,
+        None,
+        ids,
+        mask,
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=None,
+        drafting=DraftingConfig(global_index=False),
+        verify_policy=FixedVerifyLength(),
+        drafting_state=DraftingState(),
+    )
     rounds = out.stats.rounds
     assert any(r.tree for r in rounds)  # trees were really verified
-    for r in (r for r in rounds if r.tree):  # drafts checked along the accepted path: the accepted ones, plus at most the one rejected below them
+    # drafts checked along the accepted path: the accepted ones, plus at most the one rejected below them
+    for r in (r for r in rounds if r.tree):
         assert all(a <= c <= min(a + 1, v - 1) for a, c, v in zip(r.accept_lengths, r.checked, r.verify_lens))
     for i, prompt in enumerate(prompts):
-        new = out.sequences[i, ids.shape[1]: ids.shape[1] + out.num_new_tokens[i]].tolist()
-        assert new == greedy_reference(target, prompt, 24, eos=False)[len(prompt):]
-    chain = generate(target, None, ids, mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
-                     drafting=DraftingConfig(global_index=False, tree_nodes=0), verify_policy=FixedVerifyLength(),
-                     drafting_state=DraftingState())
+        new = out.sequences[i, ids.shape[1] : ids.shape[1] + out.num_new_tokens[i]].tolist()
+        assert new == greedy_reference(target, prompt, 24, eos=False)[len(prompt) :]
+    chain = generate(
+        target,
+        None,
+        ids,
+        mask,
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=None,
+        drafting=DraftingConfig(global_index=False, tree_nodes=0),
+        verify_policy=FixedVerifyLength(),
+        drafting_state=DraftingState(),
+    )
     assert not any(r.tree for r in chain.stats.rounds)
     assert torch.equal(chain.sequences, out.sequences)
 
@@ -201,7 +233,9 @@ def test_tree_settings_are_validated_and_a_lone_drafter_stays_a_chain():
         DraftingConfig(branches=0)
     from adaflash_hf.decoding.proposers.hybrid import HybridProposer
 
-    assert not HybridProposer(DraftingState(), DraftingConfig.only("drafter"), SimpleNamespace(block_size=4)).trees  # nothing to merge
+    assert not HybridProposer(
+        DraftingState(), DraftingConfig.only("drafter"), SimpleNamespace(block_size=4)
+    ).trees  # nothing to merge
     assert HybridProposer(DraftingState(), DraftingConfig.only("suffix"), drafter=None).trees  # runner-up branches
     one_candidate = DraftingConfig(drafter=False, global_index=False, datastore=False, branches=1)
     assert not HybridProposer(DraftingState(), one_candidate, drafter=None).trees

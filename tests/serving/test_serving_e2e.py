@@ -84,7 +84,8 @@ def test_greedy_outputs_through_the_server_equal_the_target(stack):
 
 
 def test_the_load_generator_reports_every_request(stack):
-    from adaflash_hf.serving.loadtest import drive, percentile, summarise
+    from adaflash_hf.serving.loadtest import drive
+    from adaflash_hf.serving.loadtest_report import percentile, summarise
 
     url, _, _, scheduler = stack
     before = scheduler.status()

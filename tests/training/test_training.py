@@ -19,6 +19,7 @@ from adaflash_hf.training.anchors import (
     block_position_ids,
     sample_anchors,
 )
+from adaflash_hf.training.checkpointing import export_checkpoint
 from adaflash_hf.training.losses import (
     clipped_reverse_kl,
     decayed_cross_entropy,
@@ -27,7 +28,6 @@ from adaflash_hf.training.losses import (
     position_weights,
 )
 from adaflash_hf.training.step import acceptance_counts
-from adaflash_hf.training.trainer import export_checkpoint
 
 MASK = 3
 
@@ -381,8 +381,8 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
 
 
 def test_generate_data_answers_a_users_prompt_file(tmp_path):
-    from adaflash_hf.training.configs import GenerateDataConfig
     from adaflash_hf.training.data import _read_shard, generate_data
+    from adaflash_hf.training.data_configs import GenerateDataConfig
 
     tokenizer = byte_tokenizer()
     target = tiny_target(vocab=len(tokenizer), layers=2)

@@ -23,6 +23,7 @@ from .base import Candidate
 
 logger = logging.getLogger(__name__)
 
+
 def context_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
     """Concatenate the selected target layers: hidden_states[i + 1] is layer i's output -> (b, T, n*H)."""
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
@@ -36,7 +37,9 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     marks valid context slots. The block's keys/values are cropped back off ``cache`` afterwards.
     """
     block_size = drafter.config.block_size
-    block_ids = torch.full((anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device)
+    block_ids = torch.full(
+        (anchors.shape[0], block_size), drafter.config.mask_token_id, dtype=torch.long, device=anchors.device
+    )
     block_ids[:, 0] = anchors
     block_pos = anchor_pos[:, None] + torch.arange(block_size, device=anchors.device)
     with engine_attention(anchors.device, block_size):
@@ -80,17 +83,21 @@ class PendingContext:
         self.rows.setdefault(row, []).append((hidden, pos))
         self.widths[row] = self.widths.get(row, 0) + len(pos)
         if self.widths[row] > self.max_width:
-            hidden, pos = (torch.cat(parts)[-self.max_width:] for parts in zip(*self.rows[row]))
+            hidden, pos = (torch.cat(parts)[-self.max_width :] for parts in zip(*self.rows[row]))
             self.rows[row], self.widths[row] = [(hidden, pos)], self.max_width
 
     def drop(self, row: Hashable) -> None:
         self.rows.pop(row, None)
         self.widths.pop(row, None)
 
-    def take(self, rows: Sequence[Hashable], size: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def take(
+        self, rows: Sequence[Hashable], size: int, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The unread context of ``rows``, left-padded: (b, s, size) features, (b, s) positions, (b, s) 0/1
         mask; it is then read (emptied). ``like`` gives the features' dtype and device."""
-        joined = [tuple(torch.cat(parts) for parts in zip(*self.rows[row])) if self.rows.get(row) else None for row in rows]
+        joined = [
+            tuple(torch.cat(parts) for parts in zip(*self.rows[row])) if self.rows.get(row) else None for row in rows
+        ]
         width = max((self.widths.get(row, 0) for row in rows), default=0)
         hidden = like.new_zeros((len(rows), width, size))
         pos = torch.zeros((len(rows), width), dtype=torch.long, device=like.device)
@@ -98,7 +105,7 @@ class PendingContext:
         for i, j in enumerate(joined):
             if j is not None and len(j[1]):
                 n = len(j[1])
-                hidden[i, width - n:], pos[i, width - n:], mask[i, width - n:] = j[0], j[1], 1
+                hidden[i, width - n :], pos[i, width - n :], mask[i, width - n :] = j[0], j[1], 1
         self.rows, self.widths = {row: [] for row in rows}, {row: 0 for row in rows}
         return hidden, pos, mask
 
@@ -115,7 +122,6 @@ def drafter_bucket(prob: float | None) -> str:
 def drafter_feature(position: int, top_prob: float) -> tuple[int, int]:
     """Feature of a drafter token: its block position and its top-1 probability in fifths."""
     return position, min(int(top_prob * 5), 4)
-
 
 
 @dataclass
@@ -138,9 +144,12 @@ class DrafterBlock:
     def candidates(self, limit: int) -> list[Candidate | None]:
         """Every row's block, cut to ``limit`` drafts, with each token's acceptance feature; None for failed rows."""
         tokens, probs, failed = self.tokens[:, :limit].tolist(), self.top_probs[:, :limit].tolist(), set(self.failed)
-        return [None if i in failed else
-                Candidate("drafter", row_tokens, [drafter_feature(k, p) for k, p in enumerate(row_probs)])
-                for i, (row_tokens, row_probs) in enumerate(zip(tokens, probs))]
+        return [
+            None
+            if i in failed
+            else Candidate("drafter", row_tokens, [drafter_feature(k, p) for k, p in enumerate(row_probs)])
+            for i, (row_tokens, row_probs) in enumerate(zip(tokens, probs))
+        ]
 
 
 class DrafterProposer:
@@ -169,8 +178,9 @@ class DrafterProposer:
         """The target features (b, T, n*H) the drafter reads, from a forward's hidden states."""
         return context_features(hidden_states, self.layer_ids)
 
-    def join(self, row_ids: Sequence[Hashable], features: torch.Tensor, positions: torch.Tensor,
-             mask: torch.Tensor) -> None:
+    def join(
+        self, row_ids: Sequence[Hashable], features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> None:
         """New rows: all holes in the drafter cache; their prompt features (the valid slots of the left-padded
         prefill: features (b, W, n*H), positions and 0/1 mask (b, W)) become unread context."""
         if self.pending is None:  # the batch was empty
@@ -196,16 +206,18 @@ class DrafterProposer:
         if is_initialized(self.cache):
             self.draft_mask = pack_cache(self.cache, self.draft_mask, force, min_slots)
 
-    def propose(self, row_ids: Sequence[Hashable], anchors: torch.Tensor, anchor_pos: torch.Tensor,
-                max_len: int | None) -> DrafterBlock:
+    def propose(
+        self, row_ids: Sequence[Hashable], anchors: torch.Tensor, anchor_pos: torch.Tensor, max_len: int | None
+    ) -> DrafterBlock:
         """Draft a block for every row after its anchor (b,) at anchor_pos (b,), reading its unread context;
         the draft head runs over at most ``max_len`` drafts (None: the whole block)."""
         tick = timer(self.device)
         context, context_pos, context_mask = self.pending.take(row_ids, self.feature_size, self.embed.weight)
         key_mask = torch.cat([self.draft_mask, context_mask], dim=1)
         try:
-            hidden = draft_block(self.drafter, self.embed, anchors, context, context_pos, anchor_pos, key_mask,
-                                 self.cache)
+            hidden = draft_block(
+                self.drafter, self.embed, anchors, context, context_pos, anchor_pos, key_mask, self.cache
+            )
             # the anchor and the drafts a row can verify
             positions = hidden.shape[1] if max_len is None else max(max_len + 1, 2)
             tokens, top_probs, logits = top_probs_and_tokens(self.head, hidden[:, 1:positions])
@@ -213,19 +225,22 @@ class DrafterProposer:
             logger.warning("The drafter failed this round; its %d rows take a plain step.", len(row_ids), exc_info=True)
             self._restart(row_ids, context, context_pos, context_mask)
             empty = anchors.new_zeros(len(row_ids), 0)
-            return DrafterBlock(empty, empty.float(), seconds=timer(self.device) - tick,
-                                failed=list(range(len(row_ids))))
+            return DrafterBlock(
+                empty, empty.float(), seconds=timer(self.device) - tick, failed=list(range(len(row_ids)))
+            )
         self.draft_mask = key_mask  # the drafter read the unread context into its cache
         seconds = timer(self.device) - tick
-        catch_up = catch_up_seconds(seconds, int(context_mask.sum()), self.fresh_context,
-                                    hidden.shape[0] * hidden.shape[1])
+        catch_up = catch_up_seconds(
+            seconds, int(context_mask.sum()), self.fresh_context, hidden.shape[0] * hidden.shape[1]
+        )
         failed = (~torch.isfinite(top_probs).all(-1)).nonzero().flatten().tolist()
         if failed:
             logger.warning("The drafter gave non-finite probabilities to %d rows; they take a plain step.", len(failed))
         return DrafterBlock(tokens, top_probs, self.head.scorer(logits), logits, hidden, seconds, catch_up, failed)
 
-    def _restart(self, row_ids: Sequence[Hashable], context: torch.Tensor, context_pos: torch.Tensor,
-                 context_mask: torch.Tensor) -> None:
+    def _restart(
+        self, row_ids: Sequence[Hashable], context: torch.Tensor, context_pos: torch.Tensor, context_mask: torch.Tensor
+    ) -> None:
         """After a pass that raised part-way (its cache may hold some layers' block): an empty drafter cache, and the
         context the pass took back as unread. Older context is lost, which costs acceptance, not exactness."""
         self.cache = RaggedCache()
@@ -234,8 +249,14 @@ class DrafterProposer:
             valid = context_mask[i].bool()
             self.pending.add(row, context[i, valid], context_pos[i, valid])
 
-    def commit(self, row_ids: Sequence[Hashable], features: torch.Tensor, positions: torch.Tensor,
-               slots: list[list[int]], chain: bool) -> None:
+    def commit(
+        self,
+        row_ids: Sequence[Hashable],
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        slots: list[list[int]],
+        chain: bool,
+    ) -> None:
         """The round's accepted slots (per row, of the verify features (b, g + 1, n*H) at positions (b, g + 1)) wait
         for the drafter's next pass; a chain's accepted slots are a prefix."""
         for i, (row, index) in enumerate(zip(row_ids, slots)):

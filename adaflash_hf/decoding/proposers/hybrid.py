@@ -33,8 +33,13 @@ from .suffix import SuffixProposer
 class HybridProposer:
     """Builds each round's :class:`Proposal` from the drafter block and the look-up sources of the rows."""
 
-    def __init__(self, state: DraftingState, config: DraftingConfig, drafter: DrafterProposer | None = None,
-                 datastore: NGramIndex | None = None):
+    def __init__(
+        self,
+        state: DraftingState,
+        config: DraftingConfig,
+        drafter: DrafterProposer | None = None,
+        datastore: NGramIndex | None = None,
+    ):
         """drafter: the batch's drafter (None: no drafter runs); datastore: the drafter's, if it ships one."""
         self.state, self.config, self.drafter = state, config, drafter
         self.lookups: list[LookupSource] = []  # in the order their candidates are listed
@@ -48,7 +53,10 @@ class HybridProposer:
             self.lookups.append(DatastoreProposer(datastore))
         block_size = None if drafter is None else drafter.block_size
         if block_size is None and not self.lookups:
-            raise ValueError("no draft source is left: pass a drafter, or enable suffix, global_index or a datastore in DraftingConfig.")
+            raise ValueError(
+                "no draft source is left: pass a drafter, or enable suffix, global_index or a datastore in "
+                "DraftingConfig."
+            )
         self.max_len = max((block_size or 1) - 1, config.max_suffix_tokens if self.lookups else 0)  # longest proposal
         # a tree needs two candidates to merge: a lone drafter block stays a chain
         self.trees = config.tree_nodes > 0 and len(self.lookups) * config.branches + int(block_size is not None) > 1
@@ -69,8 +77,15 @@ class HybridProposer:
         for lookup in self.lookups:
             lookup.finish_row(row, history)
 
-    def propose(self, row_ids: list, anchors: torch.Tensor | None = None, anchor_pos: torch.Tensor | None = None,
-                tree: bool = False, max_depths: Sequence[int] | None = None, max_len: int | None = None) -> Proposal:
+    def propose(
+        self,
+        row_ids: list,
+        anchors: torch.Tensor | None = None,
+        anchor_pos: torch.Tensor | None = None,
+        tree: bool = False,
+        max_depths: Sequence[int] | None = None,
+        max_len: int | None = None,
+    ) -> Proposal:
         """Choose, per row, the candidate with the most expected accepted drafts, or (``tree``) merge them.
 
         The drafter drafts a block after every row's anchor (b,) at anchor_pos (b,) when its expected extra
@@ -89,8 +104,10 @@ class HybridProposer:
         limit = self.max_len if max_len is None else max(0, min(self.max_len, max_len))
         branches = self.config.branches if tree else 1
         reach = min(self.config.max_suffix_tokens, limit)
-        candidates = [[c for lookup in self.lookups for c in lookup.candidates(row, self.history[row], reach, branches)]
-                      for row in row_ids]
+        candidates = [
+            [c for lookup in self.lookups for c in lookup.candidates(row, self.history[row], reach, branches)]
+            for row in row_ids
+        ]
         block = self._maybe_draft(row_ids, candidates, anchors, anchor_pos, limit, max_len)
         if tree:
             proposal = self._tree_proposal(candidates, max_depths or [limit] * len(row_ids), limit)
@@ -99,8 +116,9 @@ class HybridProposer:
         proposal.candidates, proposal.block, proposal.failed = candidates, block, [] if block is None else block.failed
         return proposal
 
-    def _maybe_draft(self, row_ids, candidates: list[list[Candidate]], anchors, anchor_pos, limit: int,
-                     max_len: int | None) -> DrafterBlock | None:
+    def _maybe_draft(
+        self, row_ids, candidates: list[list[Candidate]], anchors, anchor_pos, limit: int, max_len: int | None
+    ) -> DrafterBlock | None:
         """Run the drafter where it pays or scores the look-ups; its block joins each row's candidates first."""
         if self.drafter is None:
             return None
@@ -113,9 +131,10 @@ class HybridProposer:
         if scores and block.scorer is not None:  # the drafter's opinion of every look-up token joins its feature
             probs = iter(block.scorer([(i, c.tokens) for i, options in enumerate(candidates) for c in options]))
             for options in candidates:
-                options[:] = [Candidate(c.source, c.tokens,
-                                        [f + (drafter_bucket(q),) for f, q in zip(c.features, next(probs))])
-                              for c in options]
+                options[:] = [
+                    Candidate(c.source, c.tokens, [f + (drafter_bucket(q),) for f, q in zip(c.features, next(probs))])
+                    for c in options
+                ]
         for options, drafted in zip(candidates, block.candidates(limit)):
             if drafted is None:  # the drafter failed this row: it takes a plain step
                 options.clear()
@@ -144,13 +163,16 @@ class HybridProposer:
     def _tree_proposal(self, candidates: list[list[Candidate]], max_depths: Sequence[int], limit: int) -> Proposal:
         trees, node_sources = [], []
         for options, depth in zip(candidates, max_depths):
-            row_tree = build_tree([(c.tokens, self._value(c, limit)[1]) for c in options], self.config.tree_nodes,
-                                  min(depth, limit))
+            row_tree = build_tree(
+                [(c.tokens, self._value(c, limit)[1]) for c in options], self.config.tree_nodes, min(depth, limit)
+            )
             trees.append(row_tree)
             node_sources.append([options[o].source for o in row_tree.origins])
         width = max((len(t) for t in trees), default=0)
         b = len(trees)
-        tokens, parents, depths = (torch.zeros(b, width, dtype=torch.long) for _ in range(3))  # padding: children of the anchor
+        tokens, parents, depths = (
+            torch.zeros(b, width, dtype=torch.long) for _ in range(3)
+        )  # padding: children of the anchor
         depths[:] = 1
         rates = torch.zeros(b, width)
         for i, row_tree in enumerate(trees):
@@ -161,14 +183,28 @@ class HybridProposer:
             rates[i, :n] = torch.tensor(chain_rates(row_tree.probs))
         lengths = torch.tensor([len(t) for t in trees], dtype=torch.long)
         sources = [NONE if not ns else ns[0] if len(set(ns)) == 1 else TREE for ns in node_sources]
-        return Proposal(tokens, rates, lengths, sources, [[] for _ in trees], parents=parents, depths=depths,
-                        node_sources=node_sources)
+        return Proposal(
+            tokens,
+            rates,
+            lengths,
+            sources,
+            [[] for _ in trees],
+            parents=parents,
+            depths=depths,
+            node_sources=node_sources,
+        )
 
     def no_proposal(self, row_ids: list) -> Proposal:
         """An empty proposal (every row takes a plain step), made without looking anything up."""
         b = len(row_ids)
-        return Proposal(torch.zeros(b, 0, dtype=torch.long), torch.zeros(b, 0), torch.zeros(b, dtype=torch.long), [NONE] * b,
-                        [[] for _ in row_ids], candidates=[[] for _ in row_ids])
+        return Proposal(
+            torch.zeros(b, 0, dtype=torch.long),
+            torch.zeros(b, 0),
+            torch.zeros(b, dtype=torch.long),
+            [NONE] * b,
+            [[] for _ in row_ids],
+            candidates=[[] for _ in row_ids],
+        )
 
     def _value(self, option: Candidate, limit: int) -> tuple[float, list[float]]:
         rates = [self.state.estimator.rate(option.source, f) for f in option.features[:limit]]

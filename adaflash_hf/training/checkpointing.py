@@ -1,0 +1,55 @@
+"""A drafter training run's checkpoints: ``checkpoints/step_N`` written, found for resuming, and exported.
+
+A checkpoint holds the drafter, the optimizer, the loop's state (step, elapsed time) and every RNG, so a
+rerun of the same ``output_dir`` resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..modeling_adaflash import AdaFlashDrafter
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest ``checkpoints/step_N`` under ``output_dir``, or None before the first."""
+    found = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return found[-1] if found else None
+
+
+def save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generator: torch.Generator) -> None:
+    """Write ``checkpoints/step_N`` through a temporary folder (a crash never leaves half a checkpoint); keep the
+    newest two."""
+    root = output_dir / "checkpoints"
+    path = root / f"step_{state['step']}"
+    tmp = root / f"tmp_step_{state['step']}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(
+        {
+            "drafter": drafter.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "state": state,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "generator": generator.get_state()},
+        },
+        tmp / "checkpoint.pt",
+    )
+    drafter.config.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-2]:
+        shutil.rmtree(old)
+
+
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a training checkpoint (``checkpoints/step_N``) as a bf16 drafter folder loadable with from_pretrained."""
+    checkpoint_dir = Path(checkpoint_dir)
+    config = AdaFlashDrafter.config_class.from_pretrained(checkpoint_dir)
+    drafter = AdaFlashDrafter(config)
+    drafter.load_state_dict(torch.load(checkpoint_dir / "checkpoint.pt", weights_only=False)["drafter"])
+    drafter.to(torch.bfloat16).save_pretrained(out_dir)
+    return Path(out_dir)
