@@ -133,6 +133,11 @@ class SchedulerCollector:
             taken.add_metric([source, str(position)], n_accepted)
         yield proposed
         yield taken
+        yield CounterMetricFamily(
+            "adaflash_draft_failures",
+            "Rows whose drafter or length head raised or returned NaN in a round; each took a plain step instead.",
+            value=status["counters"]["draft_failures"],
+        )
         opd = status.get("opd")
         if opd is not None:
             yield GaugeMetricFamily(

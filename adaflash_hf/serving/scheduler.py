@@ -123,6 +123,7 @@ class Scheduler(Admission):
             "generated_tokens": 0,
             "round_tokens": 0,
             "verified_tokens": 0,
+            "draft_failures": 0,  # rows whose drafter or length head raised or gave NaN: a plain step instead
         }
         self.source_counts: dict[str, int] = {}
         self.round_tokens_counts: dict[int, int] = {}  # tokens one row gained in one round -> row-rounds
@@ -401,6 +402,7 @@ class Scheduler(Admission):
     def _on_round(self, stats: RoundStats) -> None:
         c = self.counters
         c["rounds"] += 1
+        c["draft_failures"] += stats.draft_failures
         self.batch_size = len(stats.rows)
         checked = stats.checked or [verified - 1 for verified in stats.verify_lens]
         for row, accepted, verified, source, drafts in zip(

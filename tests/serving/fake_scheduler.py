@@ -209,5 +209,5 @@ class FakeScheduler:
             "running": self.running,
             "queued": 0,
             "active": 0,
-            "counters": {"submitted": len(self.submitted), "cancelled": len(self.cancelled)},
+            "counters": {"submitted": len(self.submitted), "cancelled": len(self.cancelled), "draft_failures": 0},
         }

@@ -84,8 +84,11 @@ def test_every_v1_route_needs_the_key(keyed, headers, message, method, path):
 
 def test_the_right_key_serves_and_health_and_metrics_stay_open(keyed):
     url, _ = keyed
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        wrong.models.list()
+    with pytest.raises(openai.AuthenticationError):  # a generation request refused: counted by outcome
+        wrong.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=100, temperature=0).choices[0].text == REPLY
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
@@ -168,7 +171,8 @@ def test_each_server_has_its_own_registry():
 def test_engine_series_come_from_the_scheduler_at_scrape_time():
     class Engine:
         def status(self):
-            return {"active": 3, "queued": 7, "opd": {"adapter_version": 4, "state": "training"}}
+            opd = {"adapter_version": 4, "state": "training"}
+            return {"active": 3, "queued": 7, "opd": opd, "counters": {"draft_failures": 2}}
 
         def round_stats(self):
             drafts = {("drafter", 1): (7, 4), ("drafter", 2): (7, 2), ("suffix", 1): (1, 0)}
@@ -186,6 +190,7 @@ def test_engine_series_come_from_the_scheduler_at_scrape_time():
     assert value("adaflash_draft_tokens_proposed_total", {"source": "drafter", "position": "2"}) == 7
     assert value("adaflash_draft_tokens_accepted_total", {"source": "drafter", "position": "2"}) == 2
     assert value("adaflash_draft_tokens_accepted_total", {"source": "suffix", "position": "1"}) == 0
+    assert value("adaflash_draft_failures_total") == 2
     assert value("adaflash_opd_adapter_version") == 4
     assert value("adaflash_opd_trainer_state", {"state": "training"}) == 1
 
