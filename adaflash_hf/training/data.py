@@ -119,9 +119,12 @@ def pack_corpus(tokenizer: PreTrainedTokenizerBase, texts: list[str], seq_len: i
     return [TrainingSequence(w.clone(), 1) for w in windows]
 
 
-def _cache_key(prompts: list[str], max_new_tokens: int, max_prompt_tokens: int, target_name: str) -> str:
+def _cache_key(
+    prompts: list[str], max_new_tokens: int, max_prompt_tokens: int, target_name: str, sampling: tuple = ()
+) -> str:
+    """Folder name of a prompt set's responses; ``sampling`` (temperature, sample index) is empty for greedy ones."""
     digest = hashlib.sha256()
-    for text in (target_name, str(max_new_tokens), str(max_prompt_tokens), *prompts):
+    for text in (target_name, str(max_new_tokens), str(max_prompt_tokens), *map(str, sampling), *prompts):
         digest.update(text.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -170,6 +173,8 @@ def generate_responses(
     drafter=None,
     max_minutes: float | None = None,
     cached_only: bool = False,
+    temperature: float = 0.0,
+    sample_index: int = 0,
 ) -> list[TrainingSequence]:
     """Greedy responses of ``target`` to chat-formatted ``prompts``, cached as shards under ``cache_dir``.
 
@@ -184,7 +189,8 @@ def generate_responses(
     """
     from .. import __version__
 
-    cache_dir = Path(cache_dir) / _cache_key(prompts, max_new_tokens, max_prompt_tokens, target_name)
+    sampling = (temperature, sample_index) if temperature > 0 else ()
+    cache_dir = Path(cache_dir) / _cache_key(prompts, max_new_tokens, max_prompt_tokens, target_name, sampling)
     cache_dir.mkdir(parents=True, exist_ok=True)
     meta_path = cache_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -194,7 +200,7 @@ def generate_responses(
             "max_new_tokens": max_new_tokens,
             "max_prompt_tokens": max_prompt_tokens,
             "target": target_name,
-            "decoding": "greedy",
+            "decoding": f"sampled at temperature {temperature} (sample {sample_index})" if sampling else "greedy",
             "shard_size": shard_size,
         }
     )
@@ -217,6 +223,10 @@ def generate_responses(
         if cached_only or out_of_time:
             continue
         shard_start = time.perf_counter()
+        decoding = dict(do_sample=False)
+        if sampling:  # one seed per (sample, shard): a resumed run samples what an uninterrupted one would
+            torch.manual_seed(hash((sample_index, shard)) % 2**31)
+            decoding = dict(do_sample=True, temperature=temperature, top_k=None, top_p=None)
         kept = sorted((i for i in indices if len(encoded[i]) <= max_prompt_tokens), key=lambda i: len(encoded[i]))
         records: list[tuple[list[int], int]] = []
         for lo in range(0, len(kept), batch_size):
@@ -227,8 +237,8 @@ def generate_responses(
                 out = target.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
-                    do_sample=False,
                     max_new_tokens=max_new_tokens,
+                    **decoding,
                     pad_token_id=pad_id,
                 ).cpu()
             else:
@@ -240,8 +250,8 @@ def generate_responses(
                     input_ids,
                     attention_mask,
                     max_new_tokens=max_new_tokens,
-                    do_sample=False,
                     pad_token_id=pad_id,
+                    **decoding,
                 ).sequences.cpu()
             for r, ids in enumerate(rows):
                 response = out[r, input_ids.shape[1] :].tolist()
@@ -291,17 +301,23 @@ def generate_data(config: GenerateDataConfig) -> int:
         torch.set_num_threads(config.num_threads)
     target, tokenizer = load_target(config.target, dtype=config.target_dtype)
     drafter = None if config.drafter == "none" else load_drafter(config.drafter, target, target_name=config.target)
-    sequences = generate_responses(
-        target,
-        tokenizer,
-        list(prompts["prompt"]),
-        Path(config.data_dir) / "train",
-        max_new_tokens=config.max_new_tokens,
-        batch_size=config.batch_size,
-        target_name=config.target,
-        drafter=drafter,
-        max_minutes=config.max_minutes,
-    )
+    start = time.perf_counter()
+    sequences = []
+    for sample in range(config.samples_per_prompt if config.temperature > 0 else 1):
+        left = None if config.max_minutes is None else config.max_minutes - (time.perf_counter() - start) / 60
+        sequences += generate_responses(
+            target,
+            tokenizer,
+            list(prompts["prompt"]),
+            Path(config.data_dir) / "train",
+            max_new_tokens=config.max_new_tokens,
+            batch_size=config.batch_size,
+            target_name=config.target,
+            drafter=drafter,
+            max_minutes=left if left is None or left > 0 else 1e-9,
+            temperature=config.temperature,
+            sample_index=sample,
+        )
     print(
         f"{len(sequences)} sequences, {sum(len(s) - s.start for s in sequences)} response tokens cached "
         f"(of {len(prompts)} prompts) in {config.data_dir}/train"

@@ -61,10 +61,28 @@ class GenerateDataConfig:
     max_minutes: float | None = field(
         default=None, metadata={"help": "Stop after the shard that crosses this budget; a rerun resumes."}
     )
+    temperature: float = field(
+        default=0.0,
+        metadata={
+            "help": "0: the target's greedy answers; > 0: sampled answers at this temperature, for more data once "
+            "the prompts run out (training labels stay the target's argmax at every position)."
+        },
+    )
+    samples_per_prompt: int = field(
+        default=1,
+        metadata={"help": "With --temperature > 0: sampled answers per prompt, each set cached in its own folder."},
+    )
     num_threads: int | None = num_threads_field()
 
     def __post_init__(self) -> None:
-        for name in ("prompts_per_domain", "max_new_tokens", "batch_size"):
+        if not self.temperature >= 0:  # also catches nan
+            raise ValueError(f"temperature {self.temperature}: must be >= 0 (0 is greedy, > 0 samples).")
+        if self.samples_per_prompt > 1 and self.temperature == 0:
+            raise ValueError(
+                f"samples_per_prompt {self.samples_per_prompt} needs --temperature > 0: greedy answers are all "
+                "the same."
+            )
+        for name in ("prompts_per_domain", "max_new_tokens", "batch_size", "samples_per_prompt"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.max_minutes is not None and self.max_minutes <= 0:

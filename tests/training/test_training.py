@@ -4,6 +4,7 @@ forward, and a tiny end-to-end run that checkpoints and resumes (tiny random mod
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -424,3 +425,45 @@ def test_generate_data_answers_a_users_prompt_file(tmp_path):
                 data_dir=str(tmp_path / "data"), target="no-such-model", prompts=str(tmp_path / "bad.jsonl")
             )
         )
+
+
+def test_generate_data_samples_several_answers_per_prompt_reproducibly(tmp_path):
+    from adaflash_hf.training.data import _read_shard, generate_data
+    from adaflash_hf.training.data_configs import GenerateDataConfig
+
+    tokenizer = byte_tokenizer()
+    target = tiny_target(vocab=len(tokenizer), layers=2)
+    target.generation_config.eos_token_id = 2
+    target.generation_config.pad_token_id = 2
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    (tmp_path / "mine.jsonl").write_text(json.dumps({"prompt": "tell me a story", "domain": "chat"}) + "\n")
+    common = dict(
+        target=str(tmp_path / "target"),
+        target_dtype="fp32",
+        prompts=str(tmp_path / "mine.jsonl"),
+        max_new_tokens=12,
+        batch_size=2,
+    )
+
+    def answers(data_dir: str, **kwargs) -> list[list[int]]:
+        assert generate_data(GenerateDataConfig(data_dir=data_dir, **common, **kwargs)) == 0
+        folders = sorted(
+            (Path(data_dir) / "train").iterdir(), key=lambda f: json.loads((f / "meta.json").read_text())["decoding"]
+        )
+        return [
+            s.input_ids[s.start :].tolist()
+            for f in folders
+            for shard in sorted(f.glob("shard_*"))
+            for s in _read_shard(shard)
+        ]
+
+    greedy = answers(str(tmp_path / "greedy"))
+    sampled = answers(str(tmp_path / "a"), temperature=1.5, samples_per_prompt=3)
+    assert len(greedy) == 1 and len(sampled) == 3  # one folder per sample, next to the greedy ones
+    assert len({tuple(a) for a in sampled}) > 1  # a tiny random model at temperature 1.5 rarely repeats itself
+    assert answers(str(tmp_path / "b"), temperature=1.5, samples_per_prompt=3) == sampled  # seeded per sample and shard
+    with pytest.raises(ValueError, match="needs --temperature"):
+        GenerateDataConfig(data_dir=str(tmp_path), samples_per_prompt=2)
+    with pytest.raises(ValueError, match="temperature"):
+        GenerateDataConfig(data_dir=str(tmp_path), temperature=-1.0)
