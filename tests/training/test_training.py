@@ -381,16 +381,22 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
         )
 
 
-def test_generate_data_answers_a_users_prompt_file(tmp_path):
-    from adaflash_hf.training.data import _read_shard, generate_data
-    from adaflash_hf.training.data_configs import GenerateDataConfig
-
+def saved_tiny_target(folder):
+    """A tiny target with the byte tokenizer, saved to ``folder`` so commands can load it by path."""
     tokenizer = byte_tokenizer()
     target = tiny_target(vocab=len(tokenizer), layers=2)
     target.generation_config.eos_token_id = 2
     target.generation_config.pad_token_id = 2
-    target.save_pretrained(tmp_path / "target")
-    tokenizer.save_pretrained(tmp_path / "target")
+    target.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return target
+
+
+def test_generate_data_answers_a_users_prompt_file(tmp_path):
+    from adaflash_hf.training.data import _read_shard, generate_data
+    from adaflash_hf.training.data_configs import GenerateDataConfig
+
+    target = saved_tiny_target(tmp_path / "target")
     lines = [
         {"prompt": "hello there", "domain": "chat"},
         {"prompt": "second chat", "domain": "chat"},
@@ -431,12 +437,7 @@ def test_generate_data_samples_several_answers_per_prompt_reproducibly(tmp_path)
     from adaflash_hf.training.data import _read_shard, generate_data
     from adaflash_hf.training.data_configs import GenerateDataConfig
 
-    tokenizer = byte_tokenizer()
-    target = tiny_target(vocab=len(tokenizer), layers=2)
-    target.generation_config.eos_token_id = 2
-    target.generation_config.pad_token_id = 2
-    target.save_pretrained(tmp_path / "target")
-    tokenizer.save_pretrained(tmp_path / "target")
+    saved_tiny_target(tmp_path / "target")
     (tmp_path / "mine.jsonl").write_text(json.dumps({"prompt": "tell me a story", "domain": "chat"}) + "\n")
     common = dict(
         target=str(tmp_path / "target"),
