@@ -104,11 +104,14 @@ def greedy_reference(target, prompt: list[int], max_new_tokens: int, eos: bool =
 
 
 def drafter_only(verify_len: int | None = None) -> dict:
-    """generate() kwargs that isolate the drafter: its block only, a fixed verify length, a fresh state."""
+    """generate() kwargs that isolate the drafter: its block only, every round (whether it pays is a timing
+    measurement, which would make runs differ under load), a fixed verify length, a fresh state."""
+    import dataclasses
+
     from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
 
     return dict(
-        drafting=DraftingConfig.only("drafter"),
+        drafting=dataclasses.replace(DraftingConfig.only("drafter"), drafter_every_round=True),
         verify_policy=FixedVerifyLength(verify_len),
         drafting_state=DraftingState(),
     )
