@@ -1,4 +1,5 @@
-"""Provenance of results: which adaflash-hf code (version, install location, git commit) produced them.
+"""Provenance of results: which adaflash-hf code (version, install location, git commit) produced them, and on
+which machine.
 
 Every command that writes a JSON result (bench, quality, profile, loadtest, OPD bench) records
 ``code_provenance()`` in it, so a number can be traced back to the code that measured it.
@@ -32,3 +33,17 @@ def code_provenance() -> dict:
         "git_commit": commit or None,
         "git_dirty": dirty if commit else None,
     }
+
+
+def machine_summary() -> str:
+    """The CPU model, its architecture and the instruction sets bf16 speed depends on (AMX, AVX512-BF16, AVX2)."""
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    features = [f for f in ("amx_bf16", "avx512_bf16", "avx2") if f in flags]
+    return f"{model or platform.processor()} ({', '.join([platform.machine(), *features])})"

@@ -33,7 +33,8 @@ from ..cli_args import (
     num_threads_field,
     target_field,
 )
-from .loadtest_report import machine_summary, plot_throughput, print_table, summarise
+from ..provenance import machine_summary
+from .loadtest_report import plot_throughput, print_table, summarise
 
 METHODS = ("plain", "adaflash")
 LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method serves before each level

@@ -40,17 +40,6 @@ def summarise(
     }
 
 
-def machine_summary() -> str:
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        model = ""
-    return f"{model or platform.processor()} ({platform.machine()})"
-
-
 def print_table(results: list[dict]) -> None:
     plain = {r["concurrency"]: r["tokens_per_second"] for r in results if r["method"] == "plain"}
     header = (

@@ -24,7 +24,6 @@ the first missing shard. Size: n_layers * H * 2 bytes per token (SmolLM2-135M wi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -34,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from .data import IGNORE_INDEX, Batch, TargetFeatures, TrainingSequence
+from .._pypi import cache_home, sha256_of
+from .data import IGNORE_INDEX, Batch, TargetFeatures, TrainingSequence, _read_shard
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +45,6 @@ FORMAT_VERSION = 1
 
 def default_cache_dir(target_name: str, layer_ids: list[int]) -> Path:
     """``<adaflash cache>/features/<target>-L<ids>``: outside the repository, one folder per context choice."""
-    from .._pypi import cache_home
-
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in target_name)
     return cache_home() / "features" / f"{safe}-L{'_'.join(map(str, layer_ids))}"
 
@@ -62,16 +59,6 @@ def source_shards(data_dir: str | Path) -> list[Path]:
             f"`adaflash generate-data --data-dir {data_dir}`."
         )
     return shards
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _read_sequences(path: Path) -> list[TrainingSequence]:
-    tensors = load_file(str(path))
-    pieces = torch.split(tensors["ids"].long(), tensors["lengths"].tolist())
-    return [TrainingSequence(ids, int(start)) for ids, start in zip(pieces, tensors["starts"].tolist())]
 
 
 @torch.no_grad()
@@ -154,7 +141,7 @@ def build_feature_cache(
     bar = tqdm(sources, desc="cache target features", unit="shard")
     for number, source in enumerate(bar):
         name = f"shard_{number:05d}"
-        digest = _sha256(source)
+        digest = sha256_of(source)
         done = meta["shards"].get(name)
         if done is not None and (cache_dir / name).is_dir():
             if done["source_sha256"] != digest:
@@ -164,7 +151,7 @@ def build_feature_cache(
                 )
             continue
         tick = time.perf_counter()
-        sequences = _read_sequences(source)
+        sequences = _read_shard(source)
         arrays = _shard_features(target, sequences, layer_ids, pad_id, batch_size)
         tmp = cache_dir / f"{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

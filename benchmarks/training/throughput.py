@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -23,27 +22,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def machine() -> dict:
-    """CPU model, the bf16 instruction sets torch can use, and the threads the run used."""
-    import torch
-
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    model = next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor()
-    )
-    flags = next((line for line in lines if line.startswith("flags")), "")
-    features = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {f}" in flags]
-    return {"cpu": model, "features": features, "cores": torch.get_num_threads(), "torch": torch.__version__}
-
-
 def provenance() -> dict:
     """What produced the JSON, where and when (``committed_in`` is added when the JSON is committed)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout
-    info = machine()
+    import torch
+
+    from adaflash_hf.provenance import machine_summary
+
     return {
         "command": "python benchmarks/training/throughput.py " + " ".join(sys.argv[1:]),
-        "machine": f"{info['cpu']} ({', '.join(info['features'])}), {info['cores']} torch threads, idle",
-        "machine_details": info,
+        "machine": f"{machine_summary()}, {torch.get_num_threads()} torch threads, idle",
         "code_commit": commit.strip() or "unknown",
         "date": time.strftime("%Y-%m-%d"),
     }
