@@ -126,16 +126,12 @@ def test_target_initialised_layers_copy_the_target_and_pass_the_deepest_context_
 
 
 def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path, monkeypatch):
-    from test_training import byte_tokenizer
-    from test_training import tiny_target as tiny_llama
+    from test_training import chat_target
 
     import adaflash_hf.training.trainer as trainer_module
     from adaflash_hf.training import TrainDrafterConfig, train_drafter
 
-    tokenizer = byte_tokenizer()
-    target = tiny_llama(vocab=len(tokenizer), layers=4)
-    target.generation_config.eos_token_id = 2
-    target.generation_config.pad_token_id = 2
+    target, tokenizer = chat_target(layers=4)
     data_dir = tmp_path / "data"
     folder = data_dir / "train" / "0123456789abcdef"
     folder.mkdir(parents=True)

@@ -262,15 +262,12 @@ def test_recording_policy_keeps_one_record_per_verified_row(target, drafter):
 
 def test_training_smoke_writes_a_loadable_head_and_reuses_records(tmp_path, monkeypatch):
     from datasets import Dataset
-    from test_training import byte_tokenizer, tiny_target
+    from test_training import chat_target
 
     import adaflash_hf.data
     import adaflash_hf.decoding.engine as engine
 
-    tokenizer = byte_tokenizer()
-    target = tiny_target(vocab=len(tokenizer), layers=4)
-    target.generation_config.eos_token_id = 2
-    target.generation_config.pad_token_id = 2
+    target, tokenizer = chat_target(layers=4)
     torch.manual_seed(0)
     drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4).eval()
 

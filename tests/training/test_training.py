@@ -226,11 +226,17 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
+def chat_target(layers: int = 4) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """A tiny target over the byte tokenizer, generating up to its end-of-turn token (id 2)."""
     tokenizer = byte_tokenizer()
-    target = tiny_target(vocab=len(tokenizer), layers=4)
+    target = tiny_target(vocab=len(tokenizer), layers=layers)
     target.generation_config.eos_token_id = 2
     target.generation_config.pad_token_id = 2
+    return target, tokenizer
+
+
+def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
+    target, tokenizer = chat_target(layers=4)
     common = dict(
         output_dir=str(tmp_path / "run"),
         target="tiny",
@@ -290,10 +296,7 @@ def test_config_validates_with_clear_errors():
 def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_applied(tmp_path, monkeypatch):
     import adaflash_hf.training.trainer as trainer_module
 
-    tokenizer = byte_tokenizer()
-    target = tiny_target(vocab=len(tokenizer), layers=4)
-    target.generation_config.eos_token_id = 2
-    target.generation_config.pad_token_id = 2
+    target, tokenizer = chat_target(layers=4)
     calls = []
     real = trainer_module.target_features
     monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -333,10 +336,7 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
 
 
 def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(tmp_path):
-    tokenizer = byte_tokenizer()
-    target = tiny_target(vocab=len(tokenizer), layers=4)
-    target.generation_config.eos_token_id = 2
-    target.generation_config.pad_token_id = 2
+    target, tokenizer = chat_target(layers=4)
     common = dict(
         target="tiny",
         target_dtype="fp32",
@@ -383,10 +383,7 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
 
 def saved_tiny_target(folder):
     """A tiny target with the byte tokenizer, saved to ``folder`` so commands can load it by path."""
-    tokenizer = byte_tokenizer()
-    target = tiny_target(vocab=len(tokenizer), layers=2)
-    target.generation_config.eos_token_id = 2
-    target.generation_config.pad_token_id = 2
+    target, tokenizer = chat_target(layers=2)
     target.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return target
