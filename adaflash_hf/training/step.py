@@ -24,14 +24,20 @@ from .data import IGNORE_INDEX, Batch, TargetFeatures
 from .losses import decayed_cross_entropy, decayed_forward_kl
 
 
+def compute_dtype(device: torch.device | str, target_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the training forward computes in (see :func:`compute_autocast`)."""
+    if target_dtype != torch.float32 or resolve_dtype("auto", torch.device(device)) == torch.bfloat16:
+        return torch.bfloat16
+    return torch.float32
+
+
 def compute_autocast(device: torch.device | str, target_dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """The training forward's precision: bf16 autocast where bf16 compute is the faster choice (CUDA, or a CPU
     whose bf16 matmuls measure faster: AMX or AVX512-BF16, :func:`adaflash_hf.targets.resolve_dtype`) or where
     the target's features are not fp32 anyway; plain fp32 (a no-op context) for an fp32 target on a CPU that
     emulates bf16 (AVX2 only), where autocast would make every step slower."""
-    device = torch.device(device)
-    if target_dtype != torch.float32 or resolve_dtype("auto", device) == torch.bfloat16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if compute_dtype(device, target_dtype) == torch.bfloat16:
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -44,7 +44,7 @@ from .data import (
 )
 from .losses import position_weights
 from .monitoring import engine_check, plot_curves
-from .step import acceptance_counts, compute_autocast, drafter_block_forward
+from .step import acceptance_counts, compute_autocast, compute_dtype, drafter_block_forward
 
 logger = logging.getLogger(__name__)
 
@@ -331,8 +331,10 @@ def train_drafter(
                 batch, features = next_batch()
                 if features is None:
                     features = target_features(target, batch, raw_drafter.config.target_layer_ids)
-                # cached context is bf16: the drafter's own dtype (autocast, where on, computes in bf16 anyway)
-                features.context = features.context.to(accelerator.device, raw_drafter.fc.weight.dtype)
+                # cached context is bf16: kept so under bf16 autocast, cast once to fp32 where the step computes in fp32
+                features.context = features.context.to(
+                    accelerator.device, compute_dtype(accelerator.device, target.dtype)
+                )
                 features.labels = features.labels.to(accelerator.device)
                 state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
                 reuse_left = config.steps_per_forward
