@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .cli_args import DTYPES, check_choice, check_port_free, dtype_field
+from .cli_args import DTYPES, check_choice, check_port_free, drafter_field, dtype_field, target_field
 from .demo_race import TARGET, Race, Side, race, token_spans
-from .targets import DEFAULT_TARGET, PRESETS
+from .targets import DEFAULT_TARGET
 
 if TYPE_CHECKING:
     import gradio
@@ -59,13 +59,8 @@ EXAMPLES = [
 
 @dataclass
 class DemoArgs:
-    target: str = field(
-        default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."}
-    )
-    drafter: str = field(
-        default="auto",
-        metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."},
-    )
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
     length_head: str = field(
         default="auto",
         metadata={

@@ -11,8 +11,17 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .cli_args import DTYPES, check_choice, check_port_free, dtype_field
-from .targets import DEFAULT_TARGET, PRESETS
+from .cli_args import (
+    DTYPES,
+    check_choice,
+    check_port_free,
+    drafter_field,
+    dtype_field,
+    host_field,
+    port_field,
+    target_field,
+)
+from .targets import DEFAULT_TARGET
 
 logger = logging.getLogger(__name__)
 
@@ -21,21 +30,10 @@ API_KEY_ENV = "ADAFLASH_API_KEY"
 
 @dataclass
 class ServeArgs:
-    target: str = field(
-        default=DEFAULT_TARGET, metadata={"help": f"Preset ({', '.join(PRESETS)}), local folder, .gguf file or Hub id."}
-    )
-    drafter: str = field(
-        default="auto",
-        metadata={"help": "'auto' (bundled drafter for the preset), 'fresh' (untrained), a folder or a Hub id."},
-    )
-    host: str = field(
-        default="127.0.0.1",
-        metadata={
-            "help": "Address to bind: 127.0.0.1 serves this machine only; 0.0.0.0 exposes the server to the network "
-            "(set --api-key then)."
-        },
-    )
-    port: int = field(default=8000, metadata={"help": "TCP port."})
+    target: str = target_field(DEFAULT_TARGET)
+    drafter: str = drafter_field()
+    host: str = host_field("the server (set --api-key then)")
+    port: int = port_field(8000)
     api_key: str | None = field(
         default=None,
         metadata={
