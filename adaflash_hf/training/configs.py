@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..cli_args import (
     DRAFTER_HELP,
@@ -218,6 +219,11 @@ class TrainDrafterConfig:
         if not self.train_domains:
             raise ValueError("train_domains is empty.")
         check_choice("init_layers", self.init_layers, ("random", "target"))
+        if self.feature_cache is not None and not (Path(self.feature_cache) / "meta.json").exists():
+            raise FileNotFoundError(
+                f"feature_cache {self.feature_cache}: not a feature cache (no meta.json); build it with "
+                "`adaflash cache-features`."
+            )
         if self.feature_cache is not None and self.distill_weight > 0:
             raise ValueError(
                 "distill_weight > 0 needs the target's full logits, which a feature cache does not keep: "

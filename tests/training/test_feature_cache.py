@@ -174,6 +174,8 @@ def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path
         )
     with pytest.raises(ValueError, match="distill_weight"):
         TrainDrafterConfig(output_dir="x", feature_cache=str(cache), distill_weight=0.5)
+    with pytest.raises(FileNotFoundError, match="cache-features"):  # before any model loads
+        TrainDrafterConfig(output_dir="x", feature_cache=str(tmp_path / "nothing"))
 
     target_init = train_drafter(
         TrainDrafterConfig(
