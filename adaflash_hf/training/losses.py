@@ -33,27 +33,39 @@ def position_weights(block_size: int, gamma: float, num_positions: int | None = 
 
 
 def _weighted_mean(
-    per_position: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, ignore_index: int
+    per_position: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    ignore_index: int,
+    total: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Mean of (N, K) values weighted by position weights (broadcast to (N, K)) over valid labels; 0 when none is."""
+    """Mean of (N, K) values weighted by position weights (broadcast to (N, K)) over valid labels; 0 when none is.
+
+    ``total`` replaces the sum of the valid weights as the denominator (data-parallel training divides every
+    process's sum by the weight of the whole batch, :mod:`.distributed`).
+    """
     w = weights.to(per_position.device, per_position.dtype) * (labels != ignore_index)  # (N, K)
-    return (per_position * w).sum() / w.sum().clamp_min(1e-12)
+    return (per_position * w).sum() / (w.sum() if total is None else total).clamp_min(1e-12)
 
 
 def decayed_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, ignore_index: int = -100
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    ignore_index: int = -100,
+    total: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Position-weighted cross-entropy.
 
     logits (N, K, V), labels (N, K) with ``ignore_index`` where no label exists, weights (K,) (or any
     shape broadcastable to labels, e.g. (n,) for a flat list of n gathered positions with logits (n, V)).
-    Returns a scalar: sum w_nk CE_nk / sum w_nk over valid (n, k).
+    Returns a scalar: sum w_nk CE_nk / sum w_nk over valid (n, k), or / ``total`` when given.
     """
     ce = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.flatten().clamp_min(0), reduction="none"
     ).view(labels.shape)  # (N, K)
     ce = ce.masked_fill(labels == ignore_index, 0.0)
-    return _weighted_mean(ce, labels, weights, ignore_index)
+    return _weighted_mean(ce, labels, weights, ignore_index, total)
 
 
 def decayed_forward_kl(
@@ -62,17 +74,19 @@ def decayed_forward_kl(
     labels: torch.Tensor,
     weights: torch.Tensor,
     ignore_index: int = -100,
+    total: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Position-weighted KL(p_target || p_draft): distillation on the target's whole distribution.
 
     draft_logits, target_logits (..., V); labels (...) only marks valid positions (``ignore_index``:
-    none); weights broadcastable to labels. The soft target carries more signal per position than
-    its argmax alone, which matters when supervised positions are the scarce resource.
+    none); weights broadcastable to labels; ``total`` as in :func:`decayed_cross_entropy`. The soft target
+    carries more signal per position than its argmax alone, which matters when supervised positions are the
+    scarce resource.
     """
     log_q = F.log_softmax(draft_logits.float(), dim=-1)
     log_p = F.log_softmax(target_logits.detach().float(), dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).masked_fill(labels == ignore_index, 0.0)  # (...)
-    return _weighted_mean(kl, labels, weights, ignore_index)
+    return _weighted_mean(kl, labels, weights, ignore_index, total)
 
 
 def clipped_reverse_kl(draft_logits: torch.Tensor, target_logits: torch.Tensor, clip: float) -> torch.Tensor:

@@ -10,6 +10,7 @@ KL); :func:`acceptance_counts` turns predictions into teacher-forced acceptance.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,12 @@ def compute_autocast(device: torch.device | str, target_dtype: torch.dtype) -> c
     whose bf16 matmuls measure faster: AMX or AVX512-BF16, :func:`adaflash_hf.targets.resolve_dtype`) or where
     the target's features are not fp32 anyway; plain fp32 (a no-op context) for an fp32 target on a CPU that
     emulates bf16 (AVX2 only), where autocast would make every step slower."""
-    if compute_dtype(device, target_dtype) == torch.bfloat16:
+    return autocast_in(device, compute_dtype(device, target_dtype))
+
+
+def autocast_in(device: torch.device | str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when ``dtype`` is bf16, else a no-op context (fp32)."""
+    if dtype == torch.bfloat16:
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -117,13 +123,16 @@ def drafter_block_forward(
     weights: torch.Tensor,
     consistent_labels: bool,
     distill_weight: float = 0.0,
+    mean_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> BlockOutput:
     """Offline step: drafter forward over every block, lm_head only on labelled positions, weighted loss.
 
     ``drafter`` may be wrapped for distributed training (the forward must go through the wrapper so
     gradients synchronise). features from ``target_features``; anchors/anchor_valid (b, A); weights (K,) for
     block positions 1..K (K <= block_size - 1). Loss: CE on the target's argmax + distill_weight *
-    KL(p_target || p_draft).
+    KL(p_target || p_draft). With ``mean_over_processes`` (data-parallel training: a tensor's mean over the
+    processes) each weighted sum is divided by the mean weight of the processes' rows instead of its own, so
+    the mean of the processes' losses, and of their gradients, is those of the whole batch.
     """
     context, labels = features.context, features.labels
     block_size = extract_model_from_parallel(drafter).config.block_size
@@ -147,8 +156,12 @@ def drafter_block_forward(
     logits = draft_logits(drafter, lm_head, hidden[valid])  # (n, V_draft): only labelled positions pay the lm_head
     labels_flat = to_draft_ids(block_lab[valid], drafter, lm_head.weight.shape[0])
     flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
+    ce_total = kl_total = None
+    if mean_over_processes is not None:  # every process takes part, whether it has labels or not
+        local = torch.stack([(flat_weights * (labels_flat != IGNORE_INDEX)).sum(), flat_weights.sum()])
+        ce_total, kl_total = mean_over_processes(local).unbind()
     loss = (
-        decayed_cross_entropy(logits, labels_flat, flat_weights)
+        decayed_cross_entropy(logits, labels_flat, flat_weights, total=ce_total)
         if bool((labels_flat != IGNORE_INDEX).any())
         else logits.sum() * 0
     )
@@ -159,7 +172,9 @@ def drafter_block_forward(
         vocab = extract_model_from_parallel(drafter).draft_vocab
         if vocab is not None:
             target_logits = target_logits[:, vocab]
-        loss = loss + distill_weight * decayed_forward_kl(logits, target_logits, block_lab[valid], flat_weights)
+        loss = loss + distill_weight * decayed_forward_kl(
+            logits, target_logits, block_lab[valid], flat_weights, total=kl_total
+        )
     predictions = torch.full_like(block_lab, IGNORE_INDEX)
     predictions[valid] = to_target_ids(logits.argmax(-1), drafter)
     return BlockOutput(loss, predictions, block_lab)
