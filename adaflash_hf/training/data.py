@@ -193,7 +193,8 @@ def generate_responses(
     cache_dir = Path(cache_dir) / _cache_key(prompts, max_new_tokens, max_prompt_tokens, target_name, sampling)
     cache_dir.mkdir(parents=True, exist_ok=True)
     meta_path = cache_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    written = meta_path.read_text() if meta_path.exists() else None
+    meta = json.loads(written) if written is not None else {}
     meta.update(
         {
             "num_prompts": len(prompts),
@@ -272,7 +273,8 @@ def generate_responses(
         meta_path.write_text(json.dumps(meta, indent=1))
         sequences.extend(TrainingSequence(torch.tensor(ids), s) for ids, s in records)
     bar.close()
-    meta_path.write_text(json.dumps(meta, indent=1))
+    if json.dumps(meta, indent=1) != written:  # unchanged: left alone, as other processes may be reading it
+        meta_path.write_text(json.dumps(meta, indent=1))
     logger.info(
         "self-distillation: %d sequences, %d response tokens (%d of %d shards cached)",
         len(sequences),
