@@ -71,7 +71,13 @@ class TrainDrafterConfig:
     )
     num_anchors: int = field(default=64, metadata={"help": "Anchors (blocks) sampled per sequence per step."})
     seq_len: int = field(default=512, metadata={"help": "Length of packed corpus windows (tokens)."})
-    batch_size: int = field(default=1, metadata={"help": "Sequences per micro-batch."})
+    batch_size: int = field(
+        default=1,
+        metadata={
+            "help": "Sequences per micro-batch, over all processes: under accelerate launch each of N processes "
+            "trains on batch_size / N of them."
+        },
+    )
     grad_accum: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
     steps_per_forward: int = field(
         default=1,

@@ -1,4 +1,5 @@
-"""Start a fresh drafter near the target: draft layers as copies of the target's own upper layers.
+"""How a training run's drafter starts (:func:`build_drafter`), and a fresh drafter near the target: draft layers as
+copies of the target's own upper layers.
 
 A drafter layer has the shape of a target layer (hidden size, heads, MLP), so it can start as a copy of
 the target layers just above the deepest context layer ``d``. The context projection ``fc`` then starts
@@ -11,10 +12,21 @@ calibration batch, so normalising changes their scale as little as possible.
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import PreTrainedModel
 
+from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
+from .configs import CONTEXT_LAYERS, TrainDrafterConfig
+from .data import TrainingSequence, collate
+
+if TYPE_CHECKING:
+    from .features import FeatureStore
+
+logger = logging.getLogger(__name__)
 
 _COPIED = (
     "self_attn.q_proj",
@@ -93,3 +105,73 @@ def init_from_target(
         target_layers[copied[0]].input_layernorm.weight.to(drafter.hidden_norm.weight.dtype)
     )
     return copied
+
+
+def build_drafter(
+    config: TrainDrafterConfig,
+    target: PreTrainedModel,
+    mask_token_id: int,
+    store: FeatureStore | None,
+    sequences: list[TrainingSequence],
+    pad_id: int,
+) -> AdaFlashDrafter:
+    """The fp32 drafter a training run starts from.
+
+    ``config.init_from``'s architecture and weights, or a fresh drafter (random layers, or copies of the target's
+    with ``init_layers='target'``) reading the feature cache's layers when ``store`` is given and none are asked
+    for. ``sequences`` (the training responses, else the held-out ones) calibrate copied layers and, with
+    ``draft_vocab_size``, choose the draft vocabulary.
+    """
+    overrides = {"mask_token_id": mask_token_id}
+    if config.target_layer_ids is not None:
+        overrides["target_layer_ids"] = list(config.target_layer_ids)
+    else:  # one middle layer (DFlash's default for a 1-layer drafter) learns markedly slower: docs/research-log.md
+        num_target_layers = target.config.get_text_config().num_hidden_layers
+        overrides["target_layer_ids"] = default_target_layer_ids(
+            num_target_layers, max(config.num_layers, CONTEXT_LAYERS)
+        )
+    if config.intermediate_size is not None:
+        overrides["intermediate_size"] = config.intermediate_size
+    if store is not None and config.target_layer_ids is None and config.init_from is None:
+        overrides["target_layer_ids"] = store.layer_ids  # the cache's layers unless asked otherwise
+    if config.init_from is not None:  # continue from a trained drafter: its architecture, its weights
+        from ..drafters import load_drafter
+
+        drafter = (
+            load_drafter(config.init_from, target, target_name=config.target, datastore=False)
+            .float()
+            .requires_grad_(True)
+        )
+        if drafter.config.block_size != config.block_size:
+            raise ValueError(
+                f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
+                f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}."
+            )
+        logger.info(
+            "initialised from %s: %d layers, block %d, context layers %s",
+            config.init_from,
+            drafter.config.num_hidden_layers,
+            drafter.config.block_size,
+            drafter.config.target_layer_ids,
+        )
+    else:
+        drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
+        # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
+        with torch.no_grad():
+            drafter.norm.weight.copy_(target.get_decoder().norm.weight.float())
+        if config.init_layers == "target":
+            calibration = collate(sequences[:4], pad_id)
+            copied = init_from_target(drafter, target, calibration.input_ids, calibration.attention_mask)
+            logger.info("draft layers start as copies of target layers %s", copied)
+    if store is not None:
+        store.check(config.target, drafter.config.target_layer_ids)
+    if config.draft_vocab_size is not None:
+        from .vocab import most_frequent, response_token_counts
+
+        eos = torch.tensor(target.generation_config.eos_token_id).flatten().tolist()
+        drafter.set_draft_vocab(
+            most_frequent(
+                response_token_counts(sequences), config.draft_vocab_size, drafter.config.vocab_size, always=eos
+            )
+        )
+    return drafter

@@ -2,9 +2,10 @@
 
 One step: target forward over a batch (context features + greedy labels) -> sample anchors ->
 drafter forward over all blocks at once -> target lm_head on the supervised block positions ->
-position-decayed cross-entropy -> AdamW. The loop runs under `accelerate.Accelerator`, so the same
-code runs on several GPUs; on CPU it is a thin wrapper and compute runs under bf16 autocast where bf16
-is the faster dtype (fp32 elsewhere).
+position-decayed cross-entropy -> AdamW. The loop runs under `accelerate.Accelerator`: alone it is a thin
+wrapper, and under ``accelerate launch`` the processes (GPUs, CPU processes over gloo, machines) train
+data-parallel on shares of each batch, equal to one process (:mod:`.distributed`). Compute runs under bf16
+autocast where bf16 is the faster dtype (fp32 elsewhere).
 
 Everything a run produces lives in ``output_dir``: ``data/`` (cached self-generated sequences, or
 ``data_dir`` to share them between runs),
@@ -15,6 +16,7 @@ latest), ``metrics.jsonl``, ``curves.png`` and ``drafter/`` (final bf16 weights 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,11 +30,10 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..configuration_adaflash import default_target_layer_ids
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import sample_anchors
 from .checkpointing import latest_checkpoint, save_checkpoint
-from .configs import CONTEXT_LAYERS, TrainDrafterConfig
+from .configs import TrainDrafterConfig
 from .data import (
     Batch,
     TargetFeatures,
@@ -42,9 +43,11 @@ from .data import (
     pack_corpus,
     target_features,
 )
+from .distributed import Processes, process_rows, rows_of
+from .init import build_drafter
 from .losses import position_weights
 from .monitoring import engine_check, plot_curves
-from .step import acceptance_counts, compute_autocast, compute_dtype, drafter_block_forward
+from .step import acceptance_counts, autocast_in, compute_dtype, drafter_block_forward
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +144,11 @@ def train_drafter(
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    random.seed(config.seed + accelerator.process_index)
+    processes = Processes(accelerator)
+    rows = process_rows(config.batch_size, processes.count, accelerator.process_index)  # this process's rows
+    random.seed(config.seed)  # the same seeds in every process: they draw the same global batches and anchors
     torch.manual_seed(config.seed)
-    generator = torch.Generator().manual_seed(config.seed + accelerator.process_index)
+    generator = torch.Generator().manual_seed(config.seed)
 
     # 1. Frozen target.
     if target is None or tokenizer is None:
@@ -160,33 +165,37 @@ def train_drafter(
     )
     eval_prompts = load_prompts(config.train_domains, split="eval", limit_per_domain=config.eval_prompts_per_domain)
     data_dir = Path(config.data_dir) if config.data_dir is not None else output_dir / "data"
-    eval_sequences = generate_responses(
-        target, tokenizer, list(eval_prompts["prompt"]), data_dir / "eval", **gen_kwargs
-    )
-    self_gen: list[TrainingSequence] = []
-    store = None
-    if config.feature_cache is not None:  # responses and their target features, computed once
-        from .features import FeatureStore
+    with accelerator.main_process_first():  # the main process generates, the others read its cache
+        eval_sequences = generate_responses(
+            target, tokenizer, list(eval_prompts["prompt"]), data_dir / "eval", **gen_kwargs
+        )
+        self_gen: list[TrainingSequence] = []
+        store = None
+        if config.feature_cache is not None:  # responses and their target features, computed once
+            from .features import FeatureStore
 
-        store = FeatureStore(config.feature_cache)
-        self_gen = [store.training_sequence(i) for i in range(len(store))]
-    elif config.corpus_fraction < 1.0:
-        train_prompts = load_prompts(
-            config.train_domains, split="train", limit_per_domain=config.self_gen_prompts_per_domain, seed=config.seed
-        )
-        self_gen = generate_responses(
-            target,
-            tokenizer,
-            list(train_prompts["prompt"]),
-            data_dir / "train",
-            cached_only=config.self_gen_cached_only,
-            **gen_kwargs,
-        )
-        if not self_gen:
-            raise ValueError(
-                f"no self-generated responses cached in {data_dir / 'train'}: run adaflash generate-data first, "
-                "or drop --self-gen-cached-only."
+            store = FeatureStore(config.feature_cache)
+            self_gen = [store.training_sequence(i) for i in range(len(store))]
+        elif config.corpus_fraction < 1.0:
+            train_prompts = load_prompts(
+                config.train_domains,
+                split="train",
+                limit_per_domain=config.self_gen_prompts_per_domain,
+                seed=config.seed,
             )
+            self_gen = generate_responses(
+                target,
+                tokenizer,
+                list(train_prompts["prompt"]),
+                data_dir / "train",
+                cached_only=config.self_gen_cached_only,
+                **gen_kwargs,
+            )
+            if not self_gen:
+                raise ValueError(
+                    f"no self-generated responses cached in {data_dir / 'train'}: run adaflash generate-data first, "
+                    "or drop --self-gen-cached-only."
+                )
     corpus: list[TrainingSequence] = []
     if config.corpus_fraction > 0.0:
         texts = load_text_corpus(
@@ -206,63 +215,7 @@ def train_drafter(
 
     # 3. Drafter, optimizer, resume.
     mask_token_id = config.mask_token_id if config.mask_token_id is not None else pick_mask_token_id(tokenizer)
-    overrides = {"mask_token_id": mask_token_id}
-    if config.target_layer_ids is not None:
-        overrides["target_layer_ids"] = list(config.target_layer_ids)
-    else:  # one middle layer (DFlash's default for a 1-layer drafter) learns markedly slower: docs/research-log.md
-        num_target_layers = target.config.get_text_config().num_hidden_layers
-        overrides["target_layer_ids"] = default_target_layer_ids(
-            num_target_layers, max(config.num_layers, CONTEXT_LAYERS)
-        )
-    if config.intermediate_size is not None:
-        overrides["intermediate_size"] = config.intermediate_size
-    if store is not None and config.target_layer_ids is None and config.init_from is None:
-        overrides["target_layer_ids"] = store.layer_ids  # the cache's layers unless asked otherwise
-    if config.init_from is not None:  # continue from a trained drafter: its architecture, its weights
-        from ..drafters import load_drafter
-
-        drafter = (
-            load_drafter(config.init_from, target, target_name=config.target, datastore=False)
-            .float()
-            .requires_grad_(True)
-        )
-        if drafter.config.block_size != config.block_size:
-            raise ValueError(
-                f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
-                f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}."
-            )
-        logger.info(
-            "initialised from %s: %d layers, block %d, context layers %s",
-            config.init_from,
-            drafter.config.num_hidden_layers,
-            drafter.config.block_size,
-            drafter.config.target_layer_ids,
-        )
-    else:
-        drafter = AdaFlashDrafter.from_target(target, config.num_layers, config.block_size, **overrides).float()
-        # The drafter's output goes through the target's lm_head: start at the scale of the target's final norm.
-        with torch.no_grad():
-            drafter.norm.weight.copy_(target.get_decoder().norm.weight.float())
-        if config.init_layers == "target":
-            from .init import init_from_target
-
-            calibration = collate((self_gen or eval_sequences)[:4], pad_id)
-            copied = init_from_target(drafter, target, calibration.input_ids, calibration.attention_mask)
-            logger.info("draft layers start as copies of target layers %s", copied)
-    if store is not None:
-        store.check(config.target, drafter.config.target_layer_ids)
-    if config.draft_vocab_size is not None:
-        from .vocab import most_frequent, response_token_counts
-
-        eos = torch.tensor(target.generation_config.eos_token_id).flatten().tolist()
-        drafter.set_draft_vocab(
-            most_frequent(
-                response_token_counts(self_gen or eval_sequences),
-                config.draft_vocab_size,
-                drafter.config.vocab_size,
-                always=eos,
-            )
-        )
+    drafter = build_drafter(config, target, mask_token_id, store, self_gen or eval_sequences, pad_id)
     optimizer = torch.optim.AdamW(
         drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
     )
@@ -287,60 +240,71 @@ def train_drafter(
     raw_drafter.train()
     weights = position_weights(config.block_size, config.gamma, config.loss_positions)
 
+    # One precision for every process: the CPU's bf16-or-fp32 choice is timed, so the main process's decides.
+    bf16 = processes.main_value(float(compute_dtype(accelerator.device, target.dtype) == torch.bfloat16))
+    dtype = torch.bfloat16 if bf16 else torch.float32
+
     def autocast():
-        return compute_autocast(accelerator.device, target.dtype)
+        return autocast_in(accelerator.device, dtype)
 
     metrics_path = output_dir / "metrics.jsonl"
-    metrics = metrics_path.open("a")
+    metrics = metrics_path.open("a") if processes.is_main else None
 
     def log(record: dict) -> None:
-        metrics.write(json.dumps(record) + "\n")
-        metrics.flush()
+        if metrics is not None:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
 
-    def next_batch() -> tuple[Batch, TargetFeatures | None]:
-        """A micro-batch, with its features when they come from the cache (None: run the target)."""
+    def next_batch() -> tuple[Batch, TargetFeatures | None, torch.Tensor]:
+        """This process's rows of a micro-batch, with their features when they come from the cache (None: run the
+        target), and the label mask of the whole micro-batch (every process samples the anchors of every row)."""
         use_corpus = not self_gen or (corpus and torch.rand((), generator=generator).item() < config.corpus_fraction)
         pool = corpus if use_corpus else self_gen
         picks = torch.randint(len(pool), (config.batch_size,), generator=generator).tolist()
         if store is not None and not use_corpus:
-            return store.batch(picks, pad_id)
-        return collate([pool[i] for i in picks], pad_id), None
+            batch, features = store.batch(picks[rows], pad_id)
+            whole = batch if processes.count == 1 else collate([pool[i] for i in picks], pad_id)
+            return batch, features, whole.label_mask
+        whole = collate([pool[i] for i in picks], pad_id)
+        return rows_of(whole, rows), None, whole.label_mask
 
     # 4. Train: target features -> anchors -> drafter blocks -> weighted CE -> AdamW.
     last_eval = start_eval = None
-    if state["step"] == 0 and (config.init_from is not None or config.init_layers == "target"):  # where training starts
+    if state["step"] == 0 and processes.is_main and (config.init_from is not None or config.init_layers == "target"):
         last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
         log({"kind": "eval", "step": 0, "minutes": 0.0, **last_eval})
         logger.info("init drafter: held-out tau %.3f", last_eval["tau"])
         start_eval = last_eval
     loop_start = time.perf_counter() - state["train_minutes"] * 60
-    bar = tqdm(total=config.max_steps, initial=state["step"], desc="train drafter", unit="step")
+    bar = tqdm(
+        total=config.max_steps, initial=state["step"], desc="train drafter", unit="step", disable=not processes.is_main
+    )
     recent_loss, recent_acc = [], []
     reuse_left = 0  # micro-batches still to draw from the current target forward
     while state["step"] < config.max_steps:
-        elapsed_min = (time.perf_counter() - loop_start) / 60
+        elapsed_min = processes.main_value((time.perf_counter() - loop_start) / 60)  # all stop at the same step
         if config.max_minutes is not None and elapsed_min >= config.max_minutes:
             logger.info("time budget of %.1f min reached at step %d", config.max_minutes, state["step"])
             break
         for group in optimizer.param_groups:
             group["lr"] = config.lr * lr_factor(state["step"], elapsed_min, config)
         accepted = []
-        for _ in range(config.grad_accum):
+        for micro in range(config.grad_accum):
             if reuse_left == 0:
                 tick = time.perf_counter()
-                batch, features = next_batch()
+                batch, features, label_mask = next_batch()
                 if features is None:
                     features = target_features(target, batch, raw_drafter.config.target_layer_ids)
                 # cached context is bf16: kept so under bf16 autocast, cast once to fp32 where the step computes in fp32
-                features.context = features.context.to(
-                    accelerator.device, compute_dtype(accelerator.device, target.dtype)
-                )
+                features.context = features.context.to(accelerator.device, dtype)
                 features.labels = features.labels.to(accelerator.device)
                 state["target_seconds"] = state.get("target_seconds", 0.0) + time.perf_counter() - tick
                 reuse_left = config.steps_per_forward
             reuse_left -= 1
-            anchors, valid = sample_anchors(batch.label_mask, config.num_anchors, generator)
-            with autocast():
+            anchors, valid = sample_anchors(label_mask, config.num_anchors, generator)
+            anchors, valid = anchors[rows], valid[rows]
+            synced = micro == config.grad_accum - 1  # DDP all-reduces the gradients at the last micro-batch only
+            with autocast(), contextlib.nullcontext() if synced else accelerator.no_sync(drafter):
                 device = features.context.device
                 out = drafter_block_forward(
                     drafter,
@@ -352,18 +316,19 @@ def train_drafter(
                     weights,
                     config.consistent_labels,
                     config.distill_weight,
+                    processes.mean_fn(),
                 )
-            accelerator.backward(out.loss / config.grad_accum)
+                accelerator.backward(out.loss / config.grad_accum)
             accepted.append(acceptance_counts(out.predictions.cpu(), out.labels.cpu())[0])
-            state["tokens_seen"] += batch.num_supervised
+            state["tokens_seen"] += int(label_mask.sum())  # the whole micro-batch's, on every process
         accelerator.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         state["train_minutes"] = (time.perf_counter() - loop_start) / 60
 
-        recent_loss.append(float(out.loss.detach()))
-        recent_acc.append(1.0 + float(torch.cat(accepted).float().mean()))
+        recent_loss.append(float(processes.mean(out.loss.detach())))  # the whole micro-batch's loss
+        recent_acc.append(1.0 + processes.mean_of_all(torch.cat(accepted)))
         recent_loss, recent_acc = recent_loss[-20:], recent_acc[-20:]
         train_loss, train_tau = sum(recent_loss) / len(recent_loss), sum(recent_acc) / len(recent_acc)
         bar.update(1)
@@ -384,7 +349,7 @@ def train_drafter(
                     / max(1e-9, state["train_minutes"] * 60),
                 }
             )
-        if state["step"] % config.eval_every == 0:
+        if state["step"] % config.eval_every == 0 and processes.is_main:
             last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
             log({"kind": "eval", "step": state["step"], "minutes": state["train_minutes"], **last_eval})
             logger.info(
@@ -394,22 +359,24 @@ def train_drafter(
                 [round(a, 3) for a in last_eval["position_acceptance"][:4]],
             )
             plot_curves(metrics_path, output_dir / "curves.png")
-        if state["step"] % config.checkpoint_every == 0 and accelerator.is_main_process:
+        if state["step"] % config.checkpoint_every == 0 and processes.is_main:
             state["wall_minutes"] = wall_minutes()
             save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
     bar.close()
-    if accelerator.is_main_process:
-        state["wall_minutes"] = wall_minutes()
-        save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
+    final_dir = output_dir / "drafter"
+    if not processes.is_main:  # the main process evaluates and writes; the others end once the drafter is saved
+        accelerator.wait_for_everyone()
+        return final_dir
+    state["wall_minutes"] = wall_minutes()
+    save_checkpoint(output_dir, raw_drafter, optimizer, state, generator)
 
     # 5. Final held-out evaluation, a real-engine check, bf16 weights and the summary.
     final_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
     log({"kind": "eval", "step": state["step"], "minutes": state["train_minutes"], **final_eval})
     metrics.close()
     plot_curves(metrics_path, output_dir / "curves.png")
-    final_dir = output_dir / "drafter"
-    if accelerator.is_main_process:
-        raw_drafter.to(torch.bfloat16).save_pretrained(final_dir)
+    raw_drafter.to(torch.bfloat16).save_pretrained(final_dir)
+    accelerator.wait_for_everyone()
     engine = None
     if config.engine_eval_prompts:
         picks = list(eval_prompts["prompt"])[:: max(1, len(eval_prompts) // config.engine_eval_prompts)][
@@ -423,21 +390,20 @@ def train_drafter(
             engine["spec_tokens_per_s"],
             engine["plain_tokens_per_s"],
         )
-    if accelerator.is_main_process:
-        summary = {
-            "recipe": asdict(config),
-            "mask_token_id": mask_token_id,
-            "target_layer_ids": raw_drafter.config.target_layer_ids,
-            "data_sizes": data_sizes,
-            "data_minutes": data_minutes,
-            "train_minutes": state["train_minutes"],
-            "steps": state["step"],
-            "supervised_tokens_seen": state["tokens_seen"],
-            "feature_cache": None if store is None else {"dir": str(store.cache_dir), "tokens": store.num_tokens},
-            "wall_minutes": wall_minutes(),  # summed over resumed processes
-            "held_out_teacher_forced": final_eval,
-            "held_out_at_init": start_eval,
-            "engine_check": engine,
-        }
-        (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    summary = {
+        "recipe": asdict(config),
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": raw_drafter.config.target_layer_ids,
+        "data_sizes": data_sizes,
+        "data_minutes": data_minutes,
+        "train_minutes": state["train_minutes"],
+        "steps": state["step"],
+        "supervised_tokens_seen": state["tokens_seen"],
+        "feature_cache": None if store is None else {"dir": str(store.cache_dir), "tokens": store.num_tokens},
+        "wall_minutes": wall_minutes(),  # summed over resumed processes
+        "held_out_teacher_forced": final_eval,
+        "held_out_at_init": start_eval,
+        "engine_check": engine,
+    }
+    (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
     return final_dir
