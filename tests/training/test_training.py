@@ -235,16 +235,15 @@ def chat_target(layers: int = 4) -> tuple[LlamaForCausalLM, PreTrainedTokenizerF
     return target, tokenizer
 
 
+# the target and the shape of the tiny training runs (with chat_target)
+TINY_RUN = dict(target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, seq_len=32, train_domains=["math"])
+
+
 def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
     target, tokenizer = chat_target(layers=4)
     common = dict(
         output_dir=str(tmp_path / "run"),
-        target="tiny",
-        target_dtype="fp32",
-        block_size=4,
-        num_anchors=8,
-        seq_len=32,
-        train_domains=["math"],
+        **TINY_RUN,
         corpus_fraction=0.5,
         corpus_limit_per_domain=4,
         self_gen_prompts_per_domain=2,
@@ -301,12 +300,7 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
     real = trainer_module.target_features
     monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     common = dict(
-        target="tiny",
-        target_dtype="fp32",
-        block_size=4,
-        num_anchors=8,
-        seq_len=32,
-        train_domains=["math"],
+        **TINY_RUN,
         corpus_fraction=1.0,
         corpus_limit_per_domain=4,
         eval_prompts_per_domain=2,
@@ -338,12 +332,7 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
 def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(tmp_path):
     target, tokenizer = chat_target(layers=4)
     common = dict(
-        target="tiny",
-        target_dtype="fp32",
-        block_size=4,
-        num_anchors=8,
-        seq_len=32,
-        train_domains=["math"],
+        **TINY_RUN,
         corpus_fraction=0.5,
         corpus_limit_per_domain=4,
         self_gen_prompts_per_domain=2,
