@@ -97,8 +97,8 @@ class ExportArgs:
         check_choice("--dtype", self.dtype, EXPORT_DTYPES)
         if self.drafter in ("auto", "fresh"):
             raise ValueError(
-                f"drafter {self.drafter!r}: export takes a trained drafter by name, a preset with a bundled drafter "
-                "(e.g. smollm2-135m), a folder or a Hub id; a fresh drafter would draft nothing worth serving."
+                f"drafter {self.drafter!r}: export needs a trained drafter, named as a preset with a bundled drafter "
+                "(e.g. smollm2-135m), a folder or a Hub id ('fresh' is untrained; 'auto' means a preset's drafter)."
             )
         out = Path(self.out).expanduser()
         check_out_folder(out, "OUT", self.overwrite)

@@ -185,7 +185,8 @@ def test_bad_export_inputs_get_one_error_line(pair, tmp_path, capsys):
     assert main([*export, str(tmp_path / "busy"), "--overwrite"]) == 0  # asked for: replaced
     assert not (tmp_path / "busy" / "notes.txt").exists()
     assert "is a file: give a folder" in cli_error([*export, str(tmp_path / "busy" / "config.json")], capsys)
-    assert "export takes a trained drafter" in cli_error(["export", "fresh", str(tmp_path / "x")], capsys)
+    for name in ("fresh", "auto"):
+        assert "export needs a trained drafter" in cli_error(["export", name, str(tmp_path / "x")], capsys)
     line = cli_error(["export", str(tmp_path / "missing"), str(tmp_path / "x")], capsys)
     assert (
         "no drafter folder" in line
