@@ -21,11 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cli_args import MODEL_GROUP, OUTPUT_GROUP, check_choice
-from .export_target import UNKNOWN_TARGET, check_target_config, load_target_parts, serving_target, trained_target
+from .export_target import (
+    MARKER,
+    UNKNOWN_TARGET,
+    check_target_config,
+    load_target_parts,
+    serving_target,
+    trained_target,
+)
 
 FORMATS = ("dflash",)
 EXPORT_DTYPES = ("bf16", "fp16", "fp32")
-MARKER = "adaflash_export.json"  # in every folder an export wrote: a later export may replace it
 
 
 @dataclass

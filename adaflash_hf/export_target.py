@@ -15,16 +15,23 @@ logger = logging.getLogger(__name__)
 
 PLACEHOLDER = "TARGET"  # stands for the target in the printed commands when there is no path or id to print
 SUMMARY_FILE = "training_summary.json"  # written by train-drafter: its recipe names the target
+MARKER = "adaflash_export.json"  # in every folder an export wrote, with the target: a later export may replace it
 
 
 def trained_target(source: str) -> str | None:
-    """The target the drafter was trained for: its training summary's, else its model card's ``base_model``."""
+    """The target the drafter was trained for: its training summary's, an earlier export's, else its model card's
+    ``base_model``."""
     from .drafters import drafter_file
 
     try:
         summary = drafter_file(source, SUMMARY_FILE)
         if summary is not None:
             target = json.loads(summary.read_text()).get("recipe", {}).get("target")
+            if isinstance(target, str) and target:
+                return target
+        marker = drafter_file(source, MARKER)
+        if marker is not None:
+            target = json.loads(marker.read_text()).get("target")
             if isinstance(target, str) and target:
                 return target
         card = drafter_file(source, "README.md")

@@ -75,9 +75,12 @@ def test_the_export_round_trips_and_prints_the_serving_lines(pair, tmp_path, cap
         assert torch.equal(a.sequences, b.sequences)
         assert [r.accept_lengths for r in a.stats.rounds] == [r.accept_lengths for r in b.stats.rounds]
         assert b.sequences[0].tolist() == greedy_reference(target, prompt, 10, eos=False)
-    # an earlier export is replaced without --overwrite
+    # an earlier export is replaced without --overwrite, and exports again knowing its target
     assert main(["export", str(drafter_dir), str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    capsys.readouterr()
+    assert main(["export", str(out), str(tmp_path / "again")]) == 0
+    assert f"--model-path {target_dir} " in capsys.readouterr().out
 
 
 def test_what_the_layout_cannot_carry_is_named(pair, tmp_path, capsys):
