@@ -216,3 +216,10 @@ def test_the_model_card_names_the_target():
     assert card_base_model("---\nbase_model: Qwen/Qwen3-8B\ntags:\n- dflash\n---\n# card") == "Qwen/Qwen3-8B"
     assert card_base_model("---\nbase_model:\n- 'org/model'\n---\n") == "org/model"
     assert card_base_model("# no front matter\nbase_model: x/y") is None
+
+
+def test_positional_arguments_rebuild_the_command_line(tmp_path):
+    from adaflash_hf.cli_args import command_line
+
+    args = ExportArgs("smollm2-135m", str(tmp_path / "my export"), dtype="fp32")
+    assert command_line("export", args) == f"adaflash export smollm2-135m '{tmp_path / 'my export'}' --dtype fp32"
