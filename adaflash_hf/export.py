@@ -67,7 +67,7 @@ class ExportArgs:
         metadata={
             "help": (
                 "The target the drafter pairs with (a preset, folder, .gguf file or Hub id); default: the one the "
-                "drafter was trained for (its preset, training summary or model card)."
+                "drafter was trained for (its preset, training summary, earlier export or model card)."
             ),
             "group": MODEL_GROUP,
         },
@@ -125,10 +125,19 @@ def overlap(a: Path, b: Path) -> bool:
 
 
 def check_out_folder(path: Path, what: str, overwrite: bool) -> None:
-    """Refuse to write into a file, or into a non-empty folder that is no earlier export unless ``overwrite``."""
+    """Refuse to write into a file, to replace the home or working folder (or one above it), or to replace a
+    non-empty folder that is no earlier export unless ``overwrite``: an export replaces its folder as a whole."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"{what} {path} is a file: give a folder to write the export to.")
-    if path.is_dir() and not (path / MARKER).is_file() and any(path.iterdir()) and not overwrite:
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    resolved, cwd = path.resolve(), Path.cwd().resolve()
+    if resolved in (Path.home().resolve(), cwd) or resolved in cwd.parents:
+        raise ValueError(
+            f"{what} {path} is the home folder, the working folder or a folder above it, and an export replaces its "
+            "folder as a whole: write it to a folder of its own."
+        )
+    if not (path / MARKER).is_file() and not overwrite:
         raise ValueError(
             f"{what} {path} is not empty and holds no earlier adaflash export: choose a new or empty folder, or pass "
             "--overwrite to replace its contents."

@@ -178,7 +178,7 @@ def test_a_drafter_the_layout_cannot_carry_is_refused(pair, tmp_path):
         save_dflash_checkpoint(AdaFlashDrafter.from_target(target, hidden_act="gelu"), tmp_path / "b")
 
 
-def test_bad_export_inputs_get_one_error_line(pair, tmp_path, capsys):
+def test_bad_export_inputs_get_one_error_line(pair, tmp_path, capsys, monkeypatch):
     target, _, target_dir, drafter_dir = pair
     export = ["export", str(drafter_dir)]
     (tmp_path / "busy").mkdir()
@@ -187,6 +187,11 @@ def test_bad_export_inputs_get_one_error_line(pair, tmp_path, capsys):
     assert (tmp_path / "busy" / "notes.txt").is_file()
     assert main([*export, str(tmp_path / "busy"), "--overwrite"]) == 0  # asked for: replaced
     assert not (tmp_path / "busy" / "notes.txt").exists()
+    monkeypatch.chdir(tmp_path / "busy")  # an export replaces its folder as a whole: never the working folder
+    for folder in (str(tmp_path), "."):
+        assert "is the home folder, the working folder or a folder above it" in cli_error(
+            [*export, folder, "--overwrite"], capsys
+        )
     assert "is a file: give a folder" in cli_error([*export, str(tmp_path / "busy" / "config.json")], capsys)
     for name in ("fresh", "auto"):
         assert "export needs a trained drafter" in cli_error(["export", name, str(tmp_path / "x")], capsys)
