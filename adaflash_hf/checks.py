@@ -39,19 +39,13 @@ def check_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
-    """Raise ValueError when ``drafter`` was not built for ``target`` (or ``tokenizer``)."""
-    if not is_adaflash_drafter(drafter):
-        raise TypeError(
-            f"assistant/drafter is a {type(drafter).__name__}, not an AdaFlashDrafter. Load one with "
-            "AdaFlashDrafter.from_pretrained(path) or build one with AdaFlashDrafter.from_target(target)."
-        )
-    text = target.config.get_text_config()
-    dc = drafter.config
+def pair_problems(drafter_config, text_config, vocab_rows: int) -> list[str]:
+    """Why a drafter of ``drafter_config`` does not fit a target whose text config is ``text_config`` and whose
+    embedding has ``vocab_rows`` rows (empty when it fits); read from configs alone, so no weights need loading."""
+    dc, text = drafter_config, text_config
     problems = []
     if dc.hidden_size != text.hidden_size:
         problems.append(f"hidden size: drafter {dc.hidden_size} vs target {text.hidden_size}")
-    vocab_rows = target.get_input_embeddings().weight.shape[0]
     if dc.vocab_size != vocab_rows:
         problems.append(f"vocabulary: drafter {dc.vocab_size} vs target {vocab_rows} embedding rows")
     bad_layers = [i for i in dc.target_layer_ids if not 0 <= i < text.num_hidden_layers]
@@ -61,6 +55,18 @@ def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
         problems.append(f"mask_token_id {dc.mask_token_id} outside the target vocabulary [0, {vocab_rows})")
     if dc.block_size < 2:
         problems.append(f"block_size {dc.block_size} < 2")
+    return problems
+
+
+def check_pair(target: PreTrainedModel, drafter, tokenizer=None) -> None:
+    """Raise ValueError when ``drafter`` was not built for ``target`` (or ``tokenizer``)."""
+    if not is_adaflash_drafter(drafter):
+        raise TypeError(
+            f"assistant/drafter is a {type(drafter).__name__}, not an AdaFlashDrafter. Load one with "
+            "AdaFlashDrafter.from_pretrained(path) or build one with AdaFlashDrafter.from_target(target)."
+        )
+    vocab_rows = target.get_input_embeddings().weight.shape[0]
+    problems = pair_problems(drafter.config, target.config.get_text_config(), vocab_rows)
     if drafter.dtype != target.dtype or drafter.device != target.device:
         problems.append(
             f"drafter is {drafter.dtype} on {drafter.device} but the target is {target.dtype} on {target.device} "

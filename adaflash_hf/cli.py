@@ -80,6 +80,11 @@ COMMANDS: dict[str, Command] = {
         "adaflash_hf.serve:run_serve",
         "Serve the target over an OpenAI-compatible HTTP API (localhost by default), with continuous batching.",
     ),
+    "export": Command(
+        "adaflash_hf.export:ExportArgs",
+        "adaflash_hf.export:run_export",
+        "Write a drafter in the DFlash layout for vLLM and SGLang; prints the lines that serve it with its target.",
+    ),
     "cache-features": Command(
         "adaflash_hf.training.data_configs:CacheFeaturesConfig",
         "adaflash_hf.training.features:cache_features",

@@ -132,7 +132,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
 
     The default is appended to the help once, unless the help text already says what it is; a
     field's ``metadata["choices"]`` become argparse choices, and fields with the same ``metadata["group"]``
-    share a help section.
+    share a help section. A field with ``metadata["positional"]`` (and no default) is a positional argument
+    named after it in capitals (``drafter`` -> ``DRAFTER``).
     """
     hints = typing.get_type_hints(cls)
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -153,7 +154,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
             help_text += f" (default: {shown})"
         help_text = help_text.replace("%", "%%")
         default = None if required else default
-        if kind is bool:
+        if f.metadata.get("positional"):
+            container.add_argument(f.name, metavar=f.name.upper(), type=kind, help=help_text)
+        elif kind is bool:
             container.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif typing.get_origin(kind) in (list, tuple):
             container.add_argument(flag, nargs="+", type=typing.get_args(kind)[0], default=default, help=help_text)
@@ -176,7 +179,9 @@ def command_line(command: str, config) -> str:
         if value == _field_default(f):
             continue
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
+        if f.metadata.get("positional"):
+            parts.append(shlex.quote(str(value)))
+        elif isinstance(value, bool):
             parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
         elif isinstance(value, list | tuple):
             parts.append(f"{flag} " + " ".join(map(str, value)))

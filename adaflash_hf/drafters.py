@@ -53,44 +53,54 @@ def load_drafter(
             name_or_path = "fresh"
         else:
             name_or_path = str(path)
-    if name_or_path == "fresh":
-        drafter = AdaFlashDrafter.from_target(target)
-    else:
-        source = _drafter_source(name_or_path)
-        try:
-            drafter = AdaFlashDrafter.from_pretrained(source)
-        except OSError as error:
-            if Path(source).is_dir():
-                raise
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise OSError(
-                f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}"
-            ) from error
-        path = _drafter_file(name_or_path, DATASTORE_FILE) if datastore else None
-        if path is not None:
-            drafter.adaflash_datastore = load_datastore(path)
-            logger.info(
-                "datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path
-            )
-        path = _drafter_file(name_or_path, RETENTION_FILE)
-        if path is not None:  # read by OPD only (its retention check), so it is not opened here
-            drafter.adaflash_retention_file = str(path)
-        path = _drafter_file(name_or_path, PRIOR_FILE)
-        if path is not None:
-            drafter.adaflash_acceptance_prior = load_acceptance_prior(path)
+    drafter = AdaFlashDrafter.from_target(target) if name_or_path == "fresh" else read_drafter(name_or_path, datastore)
     drafter = drafter.to(device=target.device, dtype=target.dtype).eval()
     if is_packed(target):  # the target's linear layers measured faster packed on this CPU: so are the drafter's
         pack_linear_weights(drafter, check_speed=False)
     return drafter
 
 
-def _drafter_source(name_or_path: str) -> str:
-    """A local drafter folder or a Hub id, checked so that a typo gets an error that says what is accepted."""
-    bundled = sorted(
+def read_drafter(name_or_path: str, datastore: bool = True, prior: bool = True, **kwargs) -> AdaFlashDrafter:
+    """The drafter in a local folder or Hub repo, as saved, with the files beside its weights attached: the
+    datastore (``drafter.adaflash_datastore``, unless not ``datastore``), the retention samples' path and the
+    acceptance prior (unless not ``prior``). ``kwargs`` go to ``from_pretrained`` (e.g. ``dtype``)."""
+    source = _drafter_source(name_or_path)
+    try:
+        drafter = AdaFlashDrafter.from_pretrained(source, **kwargs)
+    except OSError as error:
+        if Path(source).is_dir():
+            raise
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise OSError(
+            f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}"
+        ) from error
+    path = drafter_file(name_or_path, DATASTORE_FILE) if datastore else None
+    if path is not None:
+        drafter.adaflash_datastore = load_datastore(path)
+        logger.info(
+            "datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path
+        )
+    path = drafter_file(name_or_path, RETENTION_FILE)
+    if path is not None:  # read by OPD only (its retention check), so it is not opened here
+        drafter.adaflash_retention_file = str(path)
+    path = drafter_file(name_or_path, PRIOR_FILE) if prior else None
+    if path is not None:
+        drafter.adaflash_acceptance_prior = load_acceptance_prior(path)
+    return drafter
+
+
+def bundled_presets() -> list[str]:
+    """The presets that ship a bundled drafter (named by their folders under ``bundled/``)."""
+    return sorted(
         p.parent.name for p in BUNDLED_DIR.glob("*/config.json") if not p.parent.name.endswith(LENGTH_HEAD_SUFFIX)
     )
+
+
+def _drafter_source(name_or_path: str) -> str:
+    """A local drafter folder or a Hub id, checked so that a typo gets an error that says what is accepted."""
+    bundled = ", ".join(bundled_presets()) or "none installed"
     accepted = (
-        f"a drafter is 'auto' (the bundled drafter of a preset target: {', '.join(bundled) or 'none installed'}), "
+        f"a drafter is 'auto' (the bundled drafter of a preset target: {bundled}), "
         "'fresh' (untrained, sized for the target), a local folder with config.json, or a Hub id (owner/name)"
     )
     return checkpoint_source(name_or_path, "drafter", accepted)
@@ -110,7 +120,7 @@ def checkpoint_source(name_or_path: str, what: str, accepted: str) -> str:
     return name_or_path
 
 
-def _drafter_file(name_or_path: str, filename: str) -> Path | None:
+def drafter_file(name_or_path: str, filename: str) -> Path | None:
     """A file that ships beside the drafter's weights (local folder or Hub repo), or None when there is none."""
     local = Path(name_or_path)
     if local.is_dir():

@@ -192,7 +192,7 @@ def prepare_preset(name: str, cache_dir: str | Path | None = None) -> Path:
         raise ValueError(f"Unknown preset {name!r}; presets: {', '.join(PRESETS)}.")
     preset = PRESETS[name]
     root = Path(cache_dir) if cache_dir is not None else cache_home()
-    out = root / "models" / preset.name
+    out = preset_folder(name, root)
     if _is_complete(out, preset):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -205,6 +205,16 @@ def prepare_preset(name: str, cache_dir: str | Path | None = None) -> Path:
         if os.environ.get("ADAFLASH_KEEP_DOWNLOADS") != "1":
             _discard_downloads(preset, root)
     return out
+
+
+def preset_folder(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`prepare_preset` keeps preset ``name`` as a transformers folder, whether it is there yet or not."""
+    return (Path(cache_dir) if cache_dir is not None else cache_home()) / "models" / name
+
+
+def is_prepared(name: str, cache_dir: str | Path | None = None) -> bool:
+    """Whether preset ``name`` is already converted on this machine (so loading it downloads nothing)."""
+    return name in PRESETS and _is_complete(preset_folder(name, cache_dir), PRESETS[name])
 
 
 def _is_complete(folder: Path, preset: TargetPreset) -> bool:

@@ -37,6 +37,7 @@ adaflash generate-data --data-dir data/smollm2-135m  # the target's own response
 adaflash prepare-drafter --drafter auto --data-dir data/smollm2-135m \\
     --output-dir my-drafter   # draft vocabulary + datastore
 adaflash serve --port 8000                      # OpenAI-compatible server (continuous batching)
+adaflash export smollm2-135m smollm2-135m-dflash   # DFlash layout for vLLM / SGLang, with the lines that serve it
 adaflash bench --concurrency 1,4,8,16,32 --max-new-tokens 64   # served throughput at several loads
 adaflash bench --concurrency 8,16 --repeats 3 \\
     --prompts my_prompts.jsonl   # your prompts; 3 interleaved passes per level

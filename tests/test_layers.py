@@ -13,7 +13,8 @@ anything. Layers, lowest first (a module may import from its own layer and those
 4. built on trained parts: ``quality`` (task results), ``policies`` (verify-length policies, which read a length head);
 5. ``serving``: the continuous-batching server and its load test;
 6. ``online``: on-line distillation, which runs inside the server's scheduler;
-7. commands: ``bench`` (and ``bench_report``), ``profile``, ``serve``, ``demo`` (and ``demo_race``), ``cli``.
+7. commands: ``bench`` (and ``bench_report``), ``profile``, ``serve``, ``demo`` (and ``demo_race``), ``export`` (and
+   ``export_target``), ``cli``.
 
 Any layer may import a command's config dataclasses (``training.configs``, ``online.configs``): they are torch-free
 and exist so that cards and the CLI can name a command's settings.
@@ -65,6 +66,8 @@ LAYERS = (
         "adaflash_hf.serve",
         "adaflash_hf.demo",
         "adaflash_hf.demo_race",
+        "adaflash_hf.export",
+        "adaflash_hf.export_target",
         "adaflash_hf.cli",
     ),
 )
