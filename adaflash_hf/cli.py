@@ -120,6 +120,11 @@ COMMANDS: dict[str, Command] = {
         "adaflash_hf.training.length_head:train_length_head",
         "Train the adaptive verify-length head from the engine's acceptance records.",
     ),
+    "setup-vllm": Command(
+        "adaflash_hf.vllm_env:SetupVllmArgs",
+        "adaflash_hf.vllm_env:setup_vllm",
+        "Make (or check) a separate venv with vLLM, CPU or CUDA build, for the vLLM benchmark and tests.",
+    ),
     "demo": Command(
         "adaflash_hf.demo:DemoArgs",
         "adaflash_hf.demo:run_demo",

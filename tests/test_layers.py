@@ -5,7 +5,8 @@ Built from the source (``ast``), so it sees every import, module-level or inside
 anything. Layers, lowest first (a module may import from its own layer and those below):
 
 0. foundation: the package root, ``_compat``, ``_pypi``, ``heap``, ``kernels``, ``prompting``, ``provenance``,
-   ``checks``, ``detokenizer``, the drafter and length-head configuration/modeling files, ``dflash_format``, ``data``;
+   ``checks``, ``detokenizer``, the drafter and length-head configuration/modeling files, ``dflash_format``, ``data``,
+   ``vllm_runner`` (a script for the vLLM environment, which imports nothing of the package);
 1. ``decoding``: the speculative-decoding engine;
 2. models, cards and command-line fields: ``targets``, ``drafters``, ``integration``, ``model_card``,
    ``model_card_files``, ``cli_args`` (whose target field names the presets);
@@ -14,7 +15,7 @@ anything. Layers, lowest first (a module may import from its own layer and those
 5. ``serving``: the continuous-batching server and its load test;
 6. ``online``: on-line distillation, which runs inside the server's scheduler;
 7. commands: ``bench`` (and ``bench_report``), ``profile``, ``serve``, ``demo`` (and ``demo_race``), ``export`` (and
-   ``export_target``), ``cli``.
+   ``export_target``), ``cli``, ``vllm_env`` (``setup-vllm``, and driving vLLM from this environment).
 
 Any layer may import a command's config dataclasses (``training.configs``, ``online.configs``): they are torch-free
 and exist so that cards and the CLI can name a command's settings.
@@ -45,6 +46,7 @@ LAYERS = (
         "adaflash_hf.modeling_length_head",
         "adaflash_hf.dflash_format",
         "adaflash_hf.data",
+        "adaflash_hf.vllm_runner",
     ),
     ("adaflash_hf.decoding",),
     (
@@ -69,6 +71,7 @@ LAYERS = (
         "adaflash_hf.export",
         "adaflash_hf.export_target",
         "adaflash_hf.cli",
+        "adaflash_hf.vllm_env",
     ),
 )
 SHARED_CONFIGS = ("adaflash_hf.training.configs", "adaflash_hf.online.configs")
