@@ -213,40 +213,31 @@ def dflash_speculative_config(drafter_dir: str | Path, block_size: int) -> dict:
 def export_for_vllm(target: str, drafter: str, out: str | Path, dtype: str = "bf16") -> tuple[Path, Path, int]:
     """The transformers folder of ``target`` and a DFlash-layout export of ``drafter`` for vLLM, and the block size.
 
-    ``target`` is a preset (its converted cache folder is used as is), a transformers folder (used as is), a
-    ``.gguf`` file or a Hub id (loaded and saved under ``out/target``); ``drafter`` is as for
-    :func:`adaflash_hf.drafters.load_drafter`, written to ``out/drafter`` with
-    :func:`adaflash_hf.dflash_format.save_dflash_checkpoint`.
+    This is ``adaflash export DRAFTER OUT/drafter --target TARGET``: ``drafter`` is a preset with a bundled drafter
+    (``"auto"``: the bundled drafter of the preset ``target``), a folder or a Hub id. A preset's converted folder and
+    a transformers folder are used as they are; a ``.gguf`` file or a Hub id is written to ``out/target`` as a plain
+    transformers folder (``--target-out``).
     """
-    import torch
-
-    from .dflash_format import save_dflash_checkpoint
-    from .drafters import load_drafter
-    from .targets import PRESETS, load_target, prepare_preset
+    from .export import ExportArgs, export_drafter
+    from .targets import PRESETS, prepare_preset
 
     out = Path(out)
-    model, _ = load_target(target, dtype=dtype, device="cpu", pack_weights=False)
+    if drafter == "auto":
+        drafter = target
     if target in PRESETS:
-        target_dir = prepare_preset(target)
-    elif Path(target).expanduser().is_dir():
-        target_dir = Path(target).expanduser()
-    else:  # a GGUF file or a Hub id: write a plain, unquantized transformers folder
-        target_dir = out / "target"
-        from transformers import AutoTokenizer
-
-        model.hf_quantizer = None
-        model.config.__dict__.pop("quantization_config", None)
-        model.save_pretrained(target_dir)
-        source = Path(target).expanduser()
-        tokenizer = (
-            AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            if source.suffix == ".gguf"
-            else AutoTokenizer.from_pretrained(target)
+        prepare_preset(target)
+    as_is = target in PRESETS or Path(target).expanduser().is_dir()
+    export = export_drafter(
+        ExportArgs(
+            drafter=drafter,
+            out=str(out / "drafter"),
+            target=target,
+            dtype=dtype,
+            target_out=None if as_is else str(out / "target"),
+            overwrite=True,
         )
-        tokenizer.save_pretrained(target_dir)
-    draft = load_drafter(drafter, model, target_name=target, datastore=False)
-    drafter_dir = save_dflash_checkpoint(draft, out / "drafter", dtype=torch.bfloat16)
-    return target_dir, drafter_dir, draft.config.block_size
+    )
+    return Path(export.model), export.out, export.block_size
 
 
 def run_vllm(spec: dict, python: str | Path | None = None, timeout: float = 3600, log: Path | None = None) -> dict:
