@@ -18,6 +18,10 @@ first use of any of them also registers the drafter with ``AutoConfig``/``AutoMo
 
 import importlib
 
+from .heap import bound_onednn_primitive_cache
+
+bound_onednn_primitive_cache()  # before torch builds any oneDNN primitive (adaflash_hf.heap)
+
 _EXPORTS = {
     "AdaFlashCandidateGenerator": ".integration",
     "AdaFlashDrafter": ".modeling_adaflash",

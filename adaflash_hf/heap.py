@@ -1,4 +1,4 @@
-"""Giving freed heap memory back to the operating system, for processes that run for days.
+"""Keeping resident memory flat in processes that run for days: freed heap pages, oneDNN's primitive cache.
 
 glibc keeps the pages of freed allocations below its ``mmap`` threshold (which it raises as large
 blocks are freed) for reuse, and returns them only when the top of the heap is free. Decoding rows of
@@ -14,9 +14,24 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import time
 
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 256  # primitives; oneDNN's own default is 1,024 (docs/research-log.md, 2026-12-04)
 TRIM_INTERVAL_S = 5.0  # a trim walks the free lists: ~20 ms on a fragmented 2 GB heap (docs/research-log.md)
+
+
+def bound_onednn_primitive_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> int:
+    """Cap oneDNN's primitive cache at ``capacity`` entries unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set.
+
+    oneDNN (behind torch's bf16 matmuls and prepacked linear layers on a CPU) caches one primitive per input
+    shape, up to 1,024 by default, and each holds its own buffers: a trainer that sees a new batch shape every
+    step, or decoding rows of ever-changing lengths, fills it, and resident memory climbs by hundreds of MiB
+    before it levels off. oneDNN reads the variable once, when it builds its first primitive, so this must run
+    before any bf16 forward; ``import adaflash_hf`` calls it. Returns the capacity in force (the user's, if set).
+    """
+    return int(os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity)))
 
 
 @functools.cache

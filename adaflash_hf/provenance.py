@@ -47,3 +47,23 @@ def machine_summary() -> str:
     flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
     features = [f for f in ("amx_bf16", "avx512_bf16", "avx2") if f in flags]
     return f"{model or platform.processor()} ({', '.join([platform.machine(), *features])})"
+
+
+def script_provenance(command: str, machine_note: str = "") -> dict:
+    """The ``provenance`` block a benchmark script writes: its command line, the machine (with ``machine_note``,
+    e.g. ``"idle"``), the code's short commit (``plus uncommitted changes`` if the tree was dirty) and the date.
+    ``committed_in`` is added with the commit that publishes the JSON (``benchmarks/README.md``)."""
+    import os
+    import time
+
+    code = code_provenance()
+    commit = (code["git_commit"] or "")[:7] or "unknown"
+    if code["git_dirty"]:
+        commit += " plus uncommitted changes"
+    note = f", {machine_note}" if machine_note else ""
+    return {
+        "command": command,
+        "machine": f"{machine_summary()}, {os.cpu_count()} cores{note}",
+        "code_commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+    }

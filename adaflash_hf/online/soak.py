@@ -10,7 +10,7 @@ Requests (mixed domains, ``--concurrency`` at a time) go through the serving sch
 - ``full``: the trainer pauses while traffic goes on, so the buffer overflows and drops its oldest.
 
 Checked: every request finishes exactly once, greedy outputs equal the target's own (run it in fp32
-for exact equality), and resident memory stays flat after warm-up.
+for exact equality), and resident memory stays flat after warm-up (:func:`memory_check`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from ..cli_args import drafter_field, dtype_field, target_field
 logger = logging.getLogger(__name__)
 
 FAULTS = ("kill", "nan", "corrupt", "full")
+MEMORY_EVERY = 10  # requests between two samples of resident memory
+MEMORY_WINDOWS = 6  # windows after warm-up whose troughs are compared
 
 
 @dataclass
@@ -72,6 +74,30 @@ def rss_mb() -> float:
             return int(f.read().split()[1]) * resource.getpagesize() / 2**20
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_check(samples: list[float], windows: int = MEMORY_WINDOWS) -> dict:
+    """Whether resident memory stays flat after warm-up, compared trough to trough.
+
+    ``samples`` are RSS readings in MiB at even request counts; the first quarter is warm-up. Between two
+    readings RSS swings by a few hundred MiB as the trainer allocates a batch's activations and frees them, so
+    single readings say little; a leak raises the floor. The readings after warm-up are cut into ``windows``
+    equal windows, and the growth is the highest window minimum less the first window's. It must stay under
+    10 % of that first minimum + 100 MiB.
+    """
+    after = samples[len(samples) // 4 :]
+    if not after:
+        raise ValueError("memory_check needs at least one RSS sample.")
+    n = min(windows, len(after))
+    troughs = [min(after[i * len(after) // n : (i + 1) * len(after) // n]) for i in range(n)]
+    growth, allowed = max(troughs) - troughs[0], 0.1 * troughs[0] + 100
+    return {
+        "windows": n,
+        "troughs_mb": [round(t, 1) for t in troughs],
+        "growth_mb": round(growth, 1),
+        "allowed_mb": round(allowed, 1),
+        "flat": growth < allowed,
+    }
 
 
 def soak(
@@ -184,7 +210,7 @@ def soak(
                     paused_until = None
                 pending.add(asyncio.create_task(one(next_request)))
                 next_request += 1
-                if next_request % 50 == 0:
+                if next_request % MEMORY_EVERY == 0:
                     memory.append(
                         {
                             "requests": next_request,
@@ -193,7 +219,8 @@ def soak(
                             "opd": _brief(opd.status()),
                         }
                     )
-                    logger.info(
+                    logger.log(
+                        logging.INFO if next_request % (10 * MEMORY_EVERY) == 0 else logging.DEBUG,
                         "soak: %d requests, rss %.0f MiB, adapter v%d",
                         next_request,
                         memory[-1]["rss_mb"],
@@ -225,7 +252,7 @@ def soak(
         elif entry["fault"] == "full":
             buffer = entry.get("buffer_at_resume", status["buffer"])
             entry["recovered"] = buffer["dropped"] > 0 and buffer["size"] <= config.buffer_trajectories
-    after_warmup = [m["rss_mb"] for m in memory[len(memory) // 4 :]] or [rss_mb()]
+    memory_flat = memory_check([m["rss_mb"] for m in memory] or [rss_mb()])
     lost = [i for i in range(requests) if i not in results or results[i][1] not in ("stop", "length")]
     report = {
         "requests": requests,
@@ -237,17 +264,14 @@ def soak(
         "mismatched": mismatches,
         "faults": log,
         "memory": memory,
-        "rss_growth_after_warmup_mb": round(max(after_warmup) - after_warmup[0], 1),
+        "memory_check": memory_flat,
+        "rss_growth_after_warmup_mb": memory_flat["growth_mb"],
         "opd": _brief(status),
         "adapter_swaps": status["swaps"],
         "published_versions": status["published"],
     }
     report["passed"] = (
-        not lost
-        and not duplicates
-        and not mismatches
-        and all(e.get("recovered") for e in log)
-        and report["rss_growth_after_warmup_mb"] < 0.1 * after_warmup[0] + 100
+        not lost and not duplicates and not mismatches and all(e.get("recovered") for e in log) and memory_flat["flat"]
     )
     return report
 
@@ -323,8 +347,52 @@ def run_soak(args: SoakArgs) -> int:
     output.write_text(json.dumps(report, indent=2))
     summary = summarise(report)
     output.with_suffix(".txt").write_text(summary + "\n")
-    print(summary)
+    plot = plot_memory(report, output.with_suffix(".png"))
+    print(summary + (f"\nRSS over requests: {plot}" if plot else ""))
     return 0 if report["passed"] else 1
+
+
+def plot_memory(report: dict, path: Path) -> Path | None:
+    """RSS over requests, the window troughs :func:`memory_check` compares, the bound and the faults, as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no plot (pip install 'adaflash-hf[train]').")
+        return None
+    memory, check = report["memory"], report["memory_check"]
+    requests = [m["requests"] for m in memory]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(requests, [m["rss_mb"] for m in memory], lw=1, color="tab:blue", label="RSS")
+    after = requests[len(requests) // 4 :]
+    n = check["windows"]
+    for i, trough in enumerate(check["troughs_mb"]):
+        window = after[i * len(after) // n : (i + 1) * len(after) // n]
+        ax.hlines(trough, window[0], window[-1], color="tab:green", lw=2, label="window troughs" if i == 0 else None)
+    first = check["troughs_mb"][0]
+    ax.axhline(first + check["allowed_mb"], color="tab:red", ls="--", lw=1, label="first trough + allowed growth")
+    for entry in report["faults"]:
+        ax.axvline(entry["at_request"], color="grey", ls=":", lw=1)
+        ax.annotate(
+            entry["fault"],
+            (entry["at_request"], 1),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            rotation=90,
+            va="top",
+            ha="right",
+        )
+    ax.set_xlabel("requests submitted")
+    ax.set_ylabel("resident memory (MiB)")
+    verdict = "flat" if check["flat"] else "NOT flat"
+    ax.set_title(f"OPD soak: growth {check['growth_mb']:.0f} MiB of {check['allowed_mb']:.0f} allowed ({verdict})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def summarise(report: dict) -> str:
@@ -334,7 +402,8 @@ def summarise(report: dict) -> str:
         f"lost {len(report['lost'])}, duplicated {len(report['duplicated'])}, outputs different from the target's "
         f"{len(report['mismatched'])}",
         f"adapter versions published {report['published_versions']}, swaps {report['adapter_swaps']}, "
-        f"rss growth after warm-up {report['rss_growth_after_warmup_mb']} MiB",
+        f"rss growth after warm-up {report['rss_growth_after_warmup_mb']} MiB (window troughs; allowed "
+        f"{report['memory_check']['allowed_mb']} MiB)",
     ]
     for entry in report["faults"]:
         lines.append(

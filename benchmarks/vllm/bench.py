@@ -206,21 +206,9 @@ def vllm_rows(args: VllmBenchArgs, prompts: list[list[int]], tmp: Path) -> tuple
 
 def provenance(args: VllmBenchArgs) -> dict:
     """What produced the JSON, where and when (``committed_in`` is added when the JSON is committed)."""
-    import os
+    from adaflash_hf.provenance import script_provenance
 
-    from adaflash_hf.provenance import code_provenance, machine_summary
-
-    code = code_provenance()
-    commit = (code["git_commit"] or "")[:7] or "unknown"
-    if code["git_dirty"]:
-        commit += " plus uncommitted changes"
-    note = f", {args.machine_note}" if args.machine_note else ""
-    return {
-        "command": "python benchmarks/vllm/bench.py " + " ".join(sys.argv[1:]),
-        "machine": f"{machine_summary()}, {os.cpu_count()} cores{note}",
-        "code_commit": commit,
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    return script_provenance("python benchmarks/vllm/bench.py " + " ".join(sys.argv[1:]), args.machine_note)
 
 
 def add_ratios(rows: list[dict]) -> None:

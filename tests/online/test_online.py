@@ -621,6 +621,43 @@ def test_release_freed_heap_returns_freed_tensor_memory_to_the_os():
     del last
 
 
+ONEDNN_SHAPES = """
+import sys, torch
+import adaflash_hf  # caps oneDNN's primitive cache unless the variable is set
+layer = torch.nn.Linear(8, 8).to(torch.bfloat16)
+for _ in range(2):  # 300 shapes, twice: a cache of 256 rebuilds every one, a cache of 1,024 none
+    for rows in range(65, 365):  # torch leaves fewer rows than 65 to another kernel
+        layer(torch.ones(rows, 8, dtype=torch.bfloat16))
+print(adaflash_hf.heap.ONEDNN_CACHE_ENV)
+"""
+
+
+def test_import_caps_the_onednn_primitive_cache_unless_the_user_set_it():
+    """One oneDNN primitive per input shape, up to 1,024 by default, each with its own buffers: a trainer that
+    meets a new batch shape every step climbs by hundreds of MiB. ``import adaflash_hf`` caps the cache before
+    torch builds a primitive; a capacity the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != heap.ONEDNN_CACHE_ENV}
+
+    def misses(**extra) -> int:
+        run = subprocess.run(
+            [sys.executable, "-c", ONEDNN_SHAPES],
+            env={**env, "ONEDNN_VERBOSE": "profile_create", **extra},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return sum("create:cache_miss" in line and ",matmul," in line for line in run.stdout.splitlines())
+
+    capped, users = misses(), misses(**{heap.ONEDNN_CACHE_ENV: "1024"})
+    if users == 0:
+        pytest.skip("torch runs bf16 linear layers without oneDNN on this CPU")
+    assert heap.ONEDNN_CACHE_CAPACITY == 256 and users == 300 and capped == 600, (capped, users)
+
+
 def test_a_stopped_trainer_reports_stopped_even_if_a_batch_was_under_way(pair):
     target, drafter = pair
     opd = _opd(target, drafter, worker="inline").start()
@@ -847,3 +884,18 @@ def test_opd_on_a_packed_bf16_pair_trains_inline_and_serves():
         generate(target, drafter, ids, mask, max_new_tokens=12, do_sample=False, observer=opd.observer)
     opd.stop()
     assert opd.status()["steps"] > 0 and opd.status()["errors"] == [], opd.status()
+
+
+def test_the_memory_check_compares_window_troughs():
+    """Swings between samples (a trainer's batch allocated and freed) pass; a rising floor fails."""
+    from adaflash_hf.online.soak import memory_check
+
+    swinging = [1000.0 + (400 if i % 3 == 0 else 0) for i in range(120)]  # peaks 400 MiB above a flat floor
+    check = memory_check(swinging)
+    assert check["flat"] and check["growth_mb"] == 0 and check["allowed_mb"] == 200 and check["windows"] == 6
+    leaking = [1000.0 + 3 * i for i in range(120)]  # +3 MiB a sample: 270 MiB over the 90 after warm-up
+    check = memory_check(leaking)
+    assert not check["flat"] and check["troughs_mb"][0] == 1090 and check["growth_mb"] == 225
+    assert memory_check([500.0])["windows"] == 1
+    with pytest.raises(ValueError, match="at least one RSS sample"):
+        memory_check([])
