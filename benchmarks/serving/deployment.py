@@ -2,7 +2,7 @@
 
 Starts the server as a user would (a process of its own, the CLI, a free port on 127.0.0.1), then checks:
 
-1. ``auth``: ``/v1/models`` and a completion answer 401 without the key and with a wrong one, 200 with it;
+1. ``auth``: ``/v1/models`` and a chat completion answer 401 without the key and with a wrong one, 200 with it;
    ``/health`` answers without a key;
 2. ``metrics``: ``/metrics`` parses as Prometheus text and carries the request, token and acceptance metrics;
 3. ``floods``: ``--floods`` rounds of ``--flood`` concurrent completions each get only 200s and 429s, every 429
@@ -49,11 +49,11 @@ REQUIRED_METRICS = (
     "adaflash_draft_tokens_proposed",
     "adaflash_draft_tokens_accepted",
 )
-PROMPTS = (
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "What is 17 times 23? Explain step by step.",
-    "Give three tips for writing clear commit messages.",
-    "Summarise the plot of a heist film in two sentences.",
+PROMPTS = (  # chat requests that draw long answers, so streams last long enough to drop or drain
+    "Write a detailed tutorial on Python list comprehensions, with many examples.",
+    "Explain step by step how to solve quadratic equations, with three worked examples.",
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Describe in detail how a web browser loads a page, from typing the address to rendering.",
 )
 
 
@@ -103,8 +103,8 @@ class Server:
         raise RuntimeError(f"adaflash serve did not answer /health within {timeout:.0f} s: see {self.log.name}")
 
     def body(self, i: int, max_tokens: int, stream: bool = False) -> dict:
-        prompt = PROMPTS[i % len(PROMPTS)]
-        return {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+        messages = [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
+        return {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
 
 
 def check_auth(server: Server, http) -> dict:
@@ -114,12 +114,12 @@ def check_auth(server: Server, http) -> dict:
         "models_without_key": http.get(f"{server.url}/v1/models").status_code,
         "models_wrong_key": http.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code,
         "models_with_key": http.get(f"{server.url}/v1/models", headers=server.headers).status_code,
-        "completion_without_key": http.post(f"{server.url}/v1/completions", json=completion).status_code,
+        "completion_without_key": http.post(f"{server.url}/v1/chat/completions", json=completion).status_code,
         "completion_wrong_key": http.post(
-            f"{server.url}/v1/completions", json=completion, headers={"Authorization": "Bearer wrong"}
+            f"{server.url}/v1/chat/completions", json=completion, headers={"Authorization": "Bearer wrong"}
         ).status_code,
         "completion_with_key": http.post(
-            f"{server.url}/v1/completions", json=completion, headers=server.headers
+            f"{server.url}/v1/chat/completions", json=completion, headers=server.headers
         ).status_code,
     }
     unauthorized = [k for k in statuses if "without" in k or "wrong" in k]
@@ -164,7 +164,7 @@ async def flood(server: Server, n: int, max_tokens: int) -> list[tuple[int, str 
     limits = httpx.Limits(max_connections=n + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits, headers=server.headers) as client:
         responses = await asyncio.gather(
-            *(client.post(f"{server.url}/v1/completions", json=server.body(i, max_tokens)) for i in range(n))
+            *(client.post(f"{server.url}/v1/chat/completions", json=server.body(i, max_tokens)) for i in range(n))
         )
     return [
         (
@@ -228,14 +228,14 @@ def check_disconnect(server: Server, http) -> dict:
     chunks = 0
     with httpx.Client(timeout=120, headers=server.headers) as client:
         body = server.body(1, 400, stream=True)
-        with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
             for line in response.iter_lines():
                 chunks += line.startswith("data: ")
                 if chunks >= 3:
                     break  # leaving the block closes the connection mid-stream
     wait_idle(server, http, timeout=30)
     after = scrape(server, http)["adaflash_requests"].get(cancelled, 0)
-    reply = http.post(f"{server.url}/v1/completions", json=server.body(2, 32), headers=server.headers)
+    reply = http.post(f"{server.url}/v1/chat/completions", json=server.body(2, 32), headers=server.headers)
     tokens = reply.json()["usage"]["completion_tokens"] if reply.status_code == 200 else 0
     return {
         "chunks_read": chunks,
@@ -254,7 +254,9 @@ def check_drain(server: Server, http) -> dict:
     def in_flight():
         with (
             httpx.Client(timeout=300, headers=server.headers) as client,
-            client.stream("POST", f"{server.url}/v1/completions", json=server.body(3, 192, stream=True)) as response,
+            client.stream(
+                "POST", f"{server.url}/v1/chat/completions", json=server.body(3, 192, stream=True)
+            ) as response,
         ):
             for line in response.iter_lines():
                 if line.startswith("data: "):
@@ -268,7 +270,7 @@ def check_drain(server: Server, http) -> dict:
     refused = None
     deadline = time.perf_counter() + 30
     while time.perf_counter() < deadline and reader.is_alive():
-        response = http.post(f"{server.url}/v1/completions", json=server.body(0, 4), headers=server.headers)
+        response = http.post(f"{server.url}/v1/chat/completions", json=server.body(0, 4), headers=server.headers)
         if response.status_code == 503:
             refused = {"status": 503, "retry_after": response.headers.get("Retry-After")}
             break
