@@ -111,8 +111,14 @@ def batch1(path: str) -> tuple[list[str], list[str]]:
 
 
 def serving(path: str) -> tuple[list[str], list[str]]:
-    """`adaflash bench --concurrency`: throughput and latency per concurrency level and method."""
+    """`adaflash bench --concurrency`: throughput and latency per concurrency level and method.
+
+    A JSON from 2 or more interleaved passes carries bootstrap 95 % intervals per row; the ratios and p99 are then
+    shown with them (and the ratio to the best fixed verify length is added). A JSON without them keeps the
+    columns it was published with."""
     bench = load(path)
+    if any(((r.get("intervals") or {}).get("vs_plain") or {}).get("low") is not None for r in bench["results"]):
+        return serving_with_intervals(bench), [path]
     plain = {r["concurrency"]: r["tokens_per_second"] for r in bench["results"] if r["method"] == "plain"}
     rows = []
     for r in bench["results"]:
@@ -142,6 +148,61 @@ def serving(path: str) -> tuple[list[str], list[str]]:
         "verified per accepted token",
     ]
     return table(header, rows), [path]
+
+
+def with_interval(interval: dict | None, spec: str, unit: str = "") -> str:
+    """``1.08× [0.97, 1.19]``: an estimate and its 95 % interval (the estimate alone where there is none)."""
+    if interval is None:
+        return "–"
+    text = format(interval["estimate"], spec) + unit
+    return text if interval["low"] is None else f"{text} [{interval['low']:{spec}}, {interval['high']:{spec}}]"
+
+
+def serving_with_intervals(bench: dict) -> list[str]:
+    """The serving table of a JSON with intervals: every ratio and p99 with its 95 % interval over the passes."""
+    rows = []
+    for r in bench["results"]:
+        intervals = r["intervals"]
+        rows.append(
+            [
+                str(r["concurrency"]),
+                r["method"],
+                f"{r['tokens_per_second']:.1f}",
+                with_interval(intervals.get("vs_plain"), ".2f", "×"),
+                with_interval(intervals.get("vs_best_fixed"), ".2f", "×"),
+                fmt(r["p50_latency_s"], ".2f"),
+                with_interval(intervals.get("p99_latency_s"), ".2f"),
+                with_interval(intervals.get("p99_vs_plain"), ".2f", "×"),
+                fmt(r["ttft_p50_s"], ".3f"),
+                fmt(r["mean_accepted_length"], ".2f"),
+                fmt(r["verified_per_accepted_token"], ".2f"),
+            ]
+        )
+    header = [
+        "concurrency",
+        "method",
+        "tok/s",
+        "vs plain [95 %]",
+        "vs best fixed length [95 %]",
+        "p50 latency s",
+        "p99 latency s [95 %]",
+        "p99 vs plain [95 %]",
+        "TTFT p50 s",
+        "τ",
+        "verified per accepted token",
+    ]
+    passes = max(r.get("repeats", 1) for r in bench["results"])
+    best = {r["concurrency"]: r["best_fixed"] for r in bench["results"] if r.get("best_fixed")}
+    note = (
+        f"[95 %]: percentile bootstrap over {passes} interleaved passes, resampled by pass index for all methods "
+        "of a level alike (paired)."
+        + (
+            " Best fixed length by throughput: " + ", ".join(f"{m} at {c}" for c, m in best.items()) + "."
+            if best
+            else ""
+        )
+    )
+    return table(header, rows) + ["", note]
 
 
 def opd(path: str) -> tuple[list[str], list[str]]:

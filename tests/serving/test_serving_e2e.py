@@ -363,7 +363,8 @@ def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(
 
 def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
     """`adaflash bench --concurrency` on a local model folder and a prompt file: one row per method and level whose
-    throughput is all passes' tokens over their time, with every pass's rate listed."""
+    throughput is all passes' tokens over their time, with every pass's rate listed; the methods interleave pass by
+    pass, and every row carries its passes and bootstrap intervals paired by pass."""
     import json
 
     from adaflash_hf.cli import main
@@ -411,7 +412,9 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
     )
     torch.set_num_threads(threads)
     assert code == 0
-    results = json.loads(out.read_text())["results"]
+    payload = json.loads(out.read_text())
+    results = payload["results"]
+    assert payload["intervals"]["confidence"] == 0.95 and payload["intervals"]["min_passes"] == 2
     assert [(r["method"], r["concurrency"]) for r in results] == [
         (m, c) for c in (1, 2) for m in ("plain", "adaflash@2", "adaflash")
     ]
@@ -424,7 +427,30 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
         assert sorted(r["pass"] for r in requests) == [0, 0, 0, 1, 1, 1]
         assert sum(r["tokens"] for r in requests) == row["output_tokens"] and all(r["rounds"] >= 1 for r in requests)
         assert max(r["latency_s"] for r in requests) >= row["p99_latency_s"]
-    assert "pass 2/2" in capsys.readouterr().err
+    methods = ["plain", "adaflash@2", "adaflash"]
+    for level, concurrency in enumerate((1, 2)):  # interleaved: every method's pass 1 before any method's pass 2
+        rows = [r for r in results if r["concurrency"] == concurrency]
+        runs = sorted((p["started_s"], p["pass"], p["position"], r["method"]) for r in rows for p in r["passes"])
+        assert [(index, position) for _, index, position, _ in runs] == [(i, k) for i in range(2) for k in range(3)]
+        for index in range(2):  # each pass runs every method once, the order rotated from pass to pass
+            turn = (level + index) % 3
+            assert [m for _, i, _, m in runs if i == index] == methods[turn:] + methods[:turn]
+        for row in rows:
+            assert [p["tokens_per_second"] for p in row["passes"]] == pytest.approx(row["tokens_per_second_passes"])
+            assert all(
+                {"p50_latency_s", "p99_latency_s", "ttft_p50_s", "output_tokens"} <= p.keys() for p in row["passes"]
+            )
+            assert row["best_fixed"] == "adaflash@2"
+            intervals = row["intervals"]
+            assert set(intervals) == {"tokens_per_second", "vs_plain", "vs_best_fixed", "p99_latency_s", "p99_vs_plain"}
+            for interval in intervals.values():
+                assert interval["low"] <= interval["estimate"] <= interval["high"]
+            assert intervals["p99_latency_s"]["estimate"] == row["p99_latency_s"]
+        plain = next(r for r in rows if r["method"] == "plain")
+        assert plain["intervals"]["vs_plain"] == {"estimate": 1.0, "low": 1.0, "high": 1.0}
+    captured = capsys.readouterr()
+    assert "pass 2/2" in captured.err
+    assert "vs plain [95%]" in captured.out and "bootstrap over 2 interleaved passes" in captured.out
     with pytest.raises(ValueError, match="at least 5 prompts"):
         prompts.write_text('{"prompt": "one", "domain": "chat"}\n')
         main(
