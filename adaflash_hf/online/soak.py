@@ -305,6 +305,7 @@ def run_soak(args: SoakArgs) -> int:
     from ..cli_args import encode_prompt
     from ..data import load_prompts
     from ..drafters import load_drafter
+    from ..provenance import script_provenance
     from ..targets import load_target
 
     target, tokenizer = load_target(args.target, dtype=args.dtype)
@@ -339,10 +340,12 @@ def run_soak(args: SoakArgs) -> int:
         faults=args.fault_list,
         publish_dir=str(output.with_suffix("")) + "_publish",
     )
+    command = "adaflash soak-opd " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items())
     report = {
-        "command": "adaflash soak-opd " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asdict(args).items()),
+        "command": command,
         "domains": sorted({r["domain"] for r in rows}),
         **report,
+        "provenance": script_provenance(command),  # committed_in is added with the commit that publishes it
     }
     output.write_text(json.dumps(report, indent=2))
     summary = summarise(report)
