@@ -67,38 +67,52 @@ class PendingContext:
     """Target features the drafter has not read yet, per row: chunks of (n, n*H) features and (n,) positions.
 
     Only accepted slots are kept (no holes), and each row's chunks live apart from the others', so rows
-    join and leave without touching anyone else's context, and rounds that skip the drafter only
-    append a view per row. :meth:`take` lays them out for the drafter when it runs. Past
-    ``max_width`` tokens a row keeps its newest (the drafter then misses that far context; outputs are
-    unchanged).
+    join and leave without touching anyone else's context. A round in which every row kept only its anchor
+    (a held round: plain steps) adds one batch-wide chunk (:meth:`add_batch`) that is split per row only when the
+    context is read or the batch changes, so holding costs no per-row work. :meth:`take` lays the chunks out for
+    the drafter when it runs. Past ``max_width`` tokens a row's pass reads only its newest (the drafter then misses
+    that far context; outputs are unchanged); older chunks are dropped once a row holds twice that many, so a long
+    hold neither grows without bound nor copies the kept context every round.
     """
 
     def __init__(self, max_width: int = 1024):
         self.rows: dict[Hashable, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.widths: dict[Hashable, int] = {}  # unread tokens per row
         self.max_width = max_width
+        self._held: list[tuple[torch.Tensor, torch.Tensor]] = []  # batch-wide chunks: (b, n*H) features, (b,) positions
+        self._held_rows: tuple[Hashable, ...] = ()  # the rows of every chunk in ``_held``, in order
 
     def add(self, row: Hashable, hidden: torch.Tensor, pos: torch.Tensor) -> None:
         """Append (n, n*H) features at positions (n,) to ``row``'s unread context."""
-        self.rows.setdefault(row, []).append((hidden, pos))
-        self.widths[row] = self.widths.get(row, 0) + len(pos)
-        if self.widths[row] > self.max_width:
-            hidden, pos = (torch.cat(parts)[-self.max_width :] for parts in zip(*self.rows[row]))
-            self.rows[row], self.widths[row] = [(hidden, pos)], self.max_width
+        self._split_held()
+        self._append(row, hidden, pos)
+
+    def add_batch(self, rows: Sequence[Hashable], hidden: torch.Tensor, pos: torch.Tensor) -> None:
+        """Append one token to the unread context of every row of ``rows``: (b, n*H) features at positions (b,).
+        Kept whole until read, so the round pays for no per-row slicing."""
+        rows = tuple(rows)
+        if self._held and rows != self._held_rows:
+            self._split_held()
+        self._held_rows = rows
+        self._held.append((hidden, pos))
 
     def drop(self, row: Hashable) -> None:
+        self._split_held()
         self.rows.pop(row, None)
         self.widths.pop(row, None)
 
     def take(
         self, rows: Sequence[Hashable], size: int, like: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The unread context of ``rows``, left-padded: (b, s, size) features, (b, s) positions, (b, s) 0/1
-        mask; it is then read (emptied). ``like`` gives the features' dtype and device."""
+        """The unread context of ``rows`` (each row's newest ``max_width`` tokens), left-padded: (b, s, size)
+        features, (b, s) positions, (b, s) 0/1 mask; it is then read (emptied). ``like`` gives the features'
+        dtype and device."""
+        self._split_held()
         joined = [
-            tuple(torch.cat(parts) for parts in zip(*self.rows[row])) if self.rows.get(row) else None for row in rows
+            tuple(torch.cat(parts)[-self.max_width :] for parts in zip(*self.rows[row])) if self.rows.get(row) else None
+            for row in rows
         ]
-        width = max((self.widths.get(row, 0) for row in rows), default=0)
+        width = max((len(j[1]) for j in joined if j is not None), default=0)
         hidden = like.new_zeros((len(rows), width, size))
         pos = torch.zeros((len(rows), width), dtype=torch.long, device=like.device)
         mask = torch.zeros_like(pos)
@@ -108,6 +122,23 @@ class PendingContext:
                 hidden[i, width - n :], pos[i, width - n :], mask[i, width - n :] = j[0], j[1], 1
         self.rows, self.widths = {row: [] for row in rows}, {row: 0 for row in rows}
         return hidden, pos, mask
+
+    def _append(self, row: Hashable, hidden: torch.Tensor, pos: torch.Tensor) -> None:
+        self.rows.setdefault(row, []).append((hidden, pos))
+        self.widths[row] = self.widths.get(row, 0) + len(pos)
+        if self.widths[row] > 2 * self.max_width:  # amortised: one copy per max_width tokens, not one per round
+            hidden, pos = (torch.cat(parts)[-self.max_width :] for parts in zip(*self.rows[row]))
+            self.rows[row], self.widths[row] = [(hidden, pos)], self.max_width
+
+    def _split_held(self) -> None:
+        """Hand the batch-wide chunks to their rows: one stack, then a view per row."""
+        if not self._held:
+            return
+        hidden = torch.stack([h for h, _ in self._held], dim=1)  # (b, k, n*H)
+        pos = torch.stack([p for _, p in self._held], dim=1)  # (b, k)
+        rows, self._held, self._held_rows = self._held_rows, [], ()
+        for i, row in enumerate(rows):
+            self._append(row, hidden[i], pos[i])
 
 
 def drafter_bucket(prob: float | None) -> str:
@@ -259,7 +290,10 @@ class DrafterProposer:
     ) -> None:
         """The round's accepted slots (per row, of the verify features (b, g + 1, n*H) at positions (b, g + 1)) wait
         for the drafter's next pass; a chain's accepted slots are a prefix."""
+        self.fresh_context = sum(map(len, slots))
+        if self.fresh_context == len(slots):  # every row kept only its anchor (a held round): one batch-wide chunk
+            self.pending.add_batch(row_ids, features[:, 0], positions[:, 0])
+            return
         for i, (row, index) in enumerate(zip(row_ids, slots)):
             taken = slice(0, len(index)) if chain else index
             self.pending.add(row, features[i, taken], positions[i, taken])
-        self.fresh_context = sum(map(len, slots))
