@@ -229,7 +229,8 @@ def opd(path: str) -> tuple[list[str], list[str]]:
 
 
 SOAK_RUNS = (  # (JSON, what the run had): the latest code first
-    ("soak/smollm2-135m.json", "heap trimmed by the trainer and the serving loop"),
+    ("soak/smollm2-135m.json", "heap trimmed, oneDNN's primitive cache capped at 256"),
+    ("soak/smollm2-135m-heap-trim.json", "heap trimmed by the trainer and the serving loop"),
     ("soak/smollm2-135m-trainer-trim-only.json", "heap trimmed by the trainer only"),
     ("soak/smollm2-135m-no-heap-trim.json", "no heap trimming"),
     ("soak/smollm2-135m-lora-r16.json", "LoRA rank 16, no retention check"),
