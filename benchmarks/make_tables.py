@@ -328,6 +328,17 @@ def deployment(path: str) -> tuple[list[str], list[str]]:
     return table(["check", "seen", "passed"], rows), [path]
 
 
+def held_round(path: str) -> tuple[list[str], list[str]]:
+    """`benchmarks/profile/held_round.py`: a held round of the adaptive engine against the plain engine's step."""
+    r = load(path)
+    rows = [
+        [str(x["batch_size"]), f"{x['plain_ms']:.1f}", f"{x['held_ms']:.1f}", f"{x['held_vs_plain']:.3f}"]
+        for x in r["results"]
+    ]
+    header = ["rows", "plain step ms (median)", "held round ms (median)", "held / plain"]
+    return table(header, rows), [path]
+
+
 def ok(passed: bool) -> str:
     return "yes" if passed else "no"
 
@@ -542,6 +553,9 @@ TABLES: dict[str, Table] = {
         lambda: deployment("serving/deployment-smollm2-135m.json"),
         ("serving/deployment-smollm2-135m.json",),
         pending="Not measured yet: run `python benchmarks/serving/deployment.py` and commit the JSON.",
+    ),
+    "held_round": Table(
+        lambda: held_round("profile/held-round-smollm2-135m.json"), ("profile/held-round-smollm2-135m.json",)
     ),
     "soak_opd": Table(soak, tuple(path for path, _ in SOAK_RUNS)),
     "quality": Table(lambda: quality("quality/qwen2.5-coder-1.5b.json"), ("quality/qwen2.5-coder-1.5b.json",)),

@@ -20,6 +20,7 @@ RESULTS_TABLES = {
     "quality",
     "training_scaling",
     "profile_smollm2",
+    "held_round",
     "verify_cost",
 }
 
