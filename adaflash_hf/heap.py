@@ -22,16 +22,21 @@ ONEDNN_CACHE_CAPACITY = 256  # primitives; oneDNN's own default is 1,024 (docs/r
 TRIM_INTERVAL_S = 5.0  # a trim walks the free lists: ~20 ms on a fragmented 2 GB heap (docs/research-log.md)
 
 
-def bound_onednn_primitive_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> int:
+def bound_onednn_primitive_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> int | None:
     """Cap oneDNN's primitive cache at ``capacity`` entries unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set.
 
     oneDNN (behind torch's bf16 matmuls and prepacked linear layers on a CPU) caches one primitive per input
     shape, up to 1,024 by default, and each holds its own buffers: a trainer that sees a new batch shape every
     step, or decoding rows of ever-changing lengths, fills it, and resident memory climbs by hundreds of MiB
     before it levels off. oneDNN reads the variable once, when it builds its first primitive, so this must run
-    before any bf16 forward; ``import adaflash_hf`` calls it. Returns the capacity in force (the user's, if set).
+    before any bf16 forward; ``import adaflash_hf`` calls it. Returns the capacity in force (the user's, if set;
+    None where the user's value is no number, which is left for oneDNN to judge).
     """
-    return int(os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity)))
+    value = os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity))
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 @functools.cache
