@@ -117,37 +117,50 @@ def serving(path: str) -> tuple[list[str], list[str]]:
     shown with them (and the ratio to the best fixed verify length is added). A JSON without them keeps the
     columns it was published with."""
     bench = load(path)
-    if any(((r.get("intervals") or {}).get("vs_plain") or {}).get("low") is not None for r in bench["results"]):
-        return serving_with_intervals(bench), [path]
-    plain = {r["concurrency"]: r["tokens_per_second"] for r in bench["results"] if r["method"] == "plain"}
+    results = bench["results"]
+    intervals = any(((r.get("intervals") or {}).get("vs_plain") or {}).get("low") is not None for r in results)
+    plain = {r["concurrency"]: r["tokens_per_second"] for r in results if r["method"] == "plain"}
     rows = []
-    for r in bench["results"]:
-        ratio = r["tokens_per_second"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
+    for r in results:
+        if intervals:
+            found = r["intervals"]
+            ratios = [with_interval(found.get(k), ".2f", "×") for k in ("vs_plain", "vs_best_fixed")]
+            p99 = [
+                with_interval(found.get("p99_latency_s"), ".2f"),
+                with_interval(found.get("p99_vs_plain"), ".2f", "×"),
+            ]
+        else:
+            ratio = r["tokens_per_second"] / plain[r["concurrency"]] if r["concurrency"] in plain else None
+            ratios, p99 = [fmt(ratio, ".2f") + "×"], [fmt(r["p99_latency_s"], ".2f")]
         rows.append(
             [
                 str(r["concurrency"]),
                 r["method"],
                 f"{r['tokens_per_second']:.1f}",
-                fmt(ratio, ".2f") + "×",
+                *ratios,
                 fmt(r["p50_latency_s"], ".2f"),
-                fmt(r["p99_latency_s"], ".2f"),
-                fmt(r["ttft_p50_s"], ".3f"),
-                fmt(r["mean_accepted_length"], ".2f"),
-                fmt(r["verified_per_accepted_token"], ".2f"),
             ]
+            + p99
+            + [fmt(r["ttft_p50_s"], ".3f"), fmt(r["mean_accepted_length"], ".2f")]
+            + [fmt(r["verified_per_accepted_token"], ".2f")]
         )
-    header = [
-        "concurrency",
-        "method",
-        "tok/s",
-        "vs plain",
-        "p50 latency s",
-        "p99 latency s",
-        "TTFT p50 s",
-        "τ",
-        "verified per accepted token",
-    ]
-    return table(header, rows), [path]
+    header = ["concurrency", "method", "tok/s"]
+    header += ["vs plain [95 %]", "vs best fixed length [95 %]"] if intervals else ["vs plain"]
+    header += ["p50 latency s"]
+    header += ["p99 latency s [95 %]", "p99 vs plain [95 %]"] if intervals else ["p99 latency s"]
+    header += ["TTFT p50 s", "τ", "verified per accepted token"]
+    lines = table(header, rows)
+    if intervals:
+        passes = max(r.get("repeats", 1) for r in results)
+        best = {r["concurrency"]: r["best_fixed"] for r in results if r.get("best_fixed")}
+        note = (
+            f"[95 %]: percentile bootstrap over {passes} interleaved passes, resampled by pass index for all methods "
+            "of a level alike (paired)."
+        )
+        if best:
+            note += " Best fixed length by throughput: " + ", ".join(f"{m} at {c}" for c, m in best.items()) + "."
+        lines += ["", note]
+    return lines, [path]
 
 
 def with_interval(interval: dict | None, spec: str, unit: str = "") -> str:
@@ -156,53 +169,6 @@ def with_interval(interval: dict | None, spec: str, unit: str = "") -> str:
         return "–"
     text = format(interval["estimate"], spec) + unit
     return text if interval["low"] is None else f"{text} [{interval['low']:{spec}}, {interval['high']:{spec}}]"
-
-
-def serving_with_intervals(bench: dict) -> list[str]:
-    """The serving table of a JSON with intervals: every ratio and p99 with its 95 % interval over the passes."""
-    rows = []
-    for r in bench["results"]:
-        intervals = r["intervals"]
-        rows.append(
-            [
-                str(r["concurrency"]),
-                r["method"],
-                f"{r['tokens_per_second']:.1f}",
-                with_interval(intervals.get("vs_plain"), ".2f", "×"),
-                with_interval(intervals.get("vs_best_fixed"), ".2f", "×"),
-                fmt(r["p50_latency_s"], ".2f"),
-                with_interval(intervals.get("p99_latency_s"), ".2f"),
-                with_interval(intervals.get("p99_vs_plain"), ".2f", "×"),
-                fmt(r["ttft_p50_s"], ".3f"),
-                fmt(r["mean_accepted_length"], ".2f"),
-                fmt(r["verified_per_accepted_token"], ".2f"),
-            ]
-        )
-    header = [
-        "concurrency",
-        "method",
-        "tok/s",
-        "vs plain [95 %]",
-        "vs best fixed length [95 %]",
-        "p50 latency s",
-        "p99 latency s [95 %]",
-        "p99 vs plain [95 %]",
-        "TTFT p50 s",
-        "τ",
-        "verified per accepted token",
-    ]
-    passes = max(r.get("repeats", 1) for r in bench["results"])
-    best = {r["concurrency"]: r["best_fixed"] for r in bench["results"] if r.get("best_fixed")}
-    note = (
-        f"[95 %]: percentile bootstrap over {passes} interleaved passes, resampled by pass index for all methods "
-        "of a level alike (paired)."
-        + (
-            " Best fixed length by throughput: " + ", ".join(f"{m} at {c}" for c, m in best.items()) + "."
-            if best
-            else ""
-        )
-    )
-    return table(header, rows) + ["", note]
 
 
 def opd(path: str) -> tuple[list[str], list[str]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import sys
 
 import pytest
 import torch
@@ -115,3 +117,16 @@ def drafter_only(verify_len: int | None = None) -> dict:
         verify_policy=FixedVerifyLength(verify_len),
         drafting_state=DraftingState(),
     )
+
+
+def load_script(path, name: str):
+    """A Python file that is no package module (a script under benchmarks/), imported by path as ``name``; its
+    work stays behind its ``__main__`` guard."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve annotations through the module's entry
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module

@@ -185,7 +185,7 @@ def test_the_openai_server_serves_with_the_drafter(exported, vllm_python, tmp_pa
 
 
 def stop(server: subprocess.Popen) -> None:
-    """Stop the server, then any engine process of its own session (process group) that outlived it."""
+    """Stop the server, then any engine process of its own process group that outlived it."""
     server.terminate()
     try:
         server.wait(timeout=60)

@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 from test_integration import word_tokenizer
 
 from adaflash_hf import AdaFlashDrafter
 
+from conftest import load_script as load_script_at
 from conftest import tiny_target
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile" / "held_round.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("held_round_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through the module's entry
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return load_script_at(SCRIPT, "held_round_script")
 
 
 def test_held_round_profile_times_both_engines_at_every_batch_size(tmp_path, capsys):

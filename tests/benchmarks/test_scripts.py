@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(BENCHMARKS.rglob("*.py"))
@@ -20,13 +20,7 @@ def test_there_are_scripts_to_check():
 @pytest.mark.parametrize("path", SCRIPTS, ids=[str(p.relative_to(BENCHMARKS)) for p in SCRIPTS])
 def test_the_script_imports_without_side_effects(path: Path):
     """Imported under a name other than __main__, so a script's work stays behind its main guard."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_script_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through the module's entry
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    module = load_script(path, f"benchmark_script_{path.stem}")
     assert module.__doc__, f"{path} opens with no docstring saying what it owns"
 
 
