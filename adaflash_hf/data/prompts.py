@@ -37,6 +37,9 @@ Split rule (fixed, deterministic, independent of the machine and of ``seed``):
    The Lee corpus, Wikipedia and the standard library all contain such repeats.
 4. ``seed`` shuffles the train split of each domain before ``limit_per_domain`` is applied; the
    eval split keeps its fixed order, so a smaller ``limit_per_domain`` gives a prefix of it.
+5. The eval split has two halves, by document (:func:`eval_half`): ``tuning`` (about half its documents)
+   is where serving constants are tuned, ``validation`` (the rest) is where claims about them are
+   checked, so a claim never rests on the prompts its constants were chosen on.
 
 Default training mix: :data:`DEFAULT_TRAIN_DOMAINS` (code, math, chat). The prose domains
 (:data:`HELD_OUT_DOMAINS`: news, wiki, fiction) are kept out of it so that domain shift can be
@@ -141,6 +144,15 @@ def _unit_hash(key: str) -> float:
 def document_split(source: str, doc_id: str) -> Split:
     """Split of a source document: ``"eval"`` for about :data:`EVAL_FRACTION` of documents."""
     return "eval" if _unit_hash(f"{source}/{doc_id}") < EVAL_FRACTION else "train"
+
+
+EVAL_HALVES = ("tuning", "validation")
+
+
+def eval_half(source: str, doc_id: str) -> str:
+    """Half of the eval split a document belongs to: ``"tuning"`` or ``"validation"`` (about half each, by a hash
+    independent of :func:`document_split`'s), so constants tuned on one half are checked on the other."""
+    return EVAL_HALVES[_unit_hash(f"eval-half/{source}/{doc_id}") >= 0.5]
 
 
 @dataclass(frozen=True)

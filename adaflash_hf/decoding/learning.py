@@ -3,7 +3,7 @@ estimates of every candidate the round offered, and the verify-length policy's f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +36,10 @@ def learn_from_round(
     proposed: bool,
     round_start: float,
     device: torch.device,
+    row_ids: Sequence[Hashable] | None = None,
 ) -> None:
-    """Feed the round to everything that learns from it; ``chunks[i]`` are the tokens row i gained.
+    """Feed the round to everything that learns from it; ``chunks[i]`` are the tokens row i gained (``row_ids[i]``
+    is its id, for policies that follow rows).
 
     The policy is told the whole round's time since ``round_start``, less the drafter's catching up on context
     held back while it was skipped (:func:`~.proposers.drafter.catch_up_seconds`).
@@ -53,7 +55,7 @@ def learn_from_round(
     )
     learn_acceptance(state, proposal.candidates or [], chunks)
     seconds = timer(device) - round_start - (0.0 if block is None else block.catch_up)
-    report_round(policy, verified.accept_lengths.cpu(), verified.num_drafts.cpu() + 1, seconds, proposed)
+    report_round(policy, verified.accept_lengths.cpu(), verified.num_drafts.cpu() + 1, seconds, proposed, row_ids)
 
 
 def learn_acceptance(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +25,7 @@ import torch
 from .cap_bandit import CapBandit
 from .cost import VerifyCostModel
 from .goodput import goodput_verify_len, ragged_verify_lens
+from .row_trust import RowTrust
 from .throughput_guard import ThroughputGuard
 
 if TYPE_CHECKING:
@@ -77,19 +79,39 @@ def verify_limit(policy: VerifyLengthPolicy) -> int | None:
 
 
 @functools.cache
-def _takes_proposed(update) -> bool:
-    return "proposed" in inspect.signature(update).parameters
+def _parameters(method) -> frozenset[str]:
+    return frozenset(inspect.signature(method).parameters)
+
+
+def choose_verify_lens(
+    policy: VerifyLengthPolicy,
+    rates: torch.Tensor,
+    draft_hidden_states: torch.Tensor | None,
+    sources: list[str] | None,
+    rows: Sequence[Hashable],
+) -> torch.Tensor:
+    """``policy.verify_lens``, with the batch's row ids where it takes ``rows`` (policies written against the
+    three-argument form keep working)."""
+    if "rows" in _parameters(type(policy).verify_lens):
+        return policy.verify_lens(rates, draft_hidden_states, sources, rows=rows)
+    return policy.verify_lens(rates, draft_hidden_states, sources)
 
 
 def report_round(
-    policy: VerifyLengthPolicy, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool
+    policy: VerifyLengthPolicy,
+    accept_lengths: torch.Tensor,
+    verify_lens: torch.Tensor,
+    seconds: float,
+    proposed: bool,
+    rows: Sequence[Hashable] | None = None,
 ) -> None:
-    """``policy.update`` after a round, with ``proposed`` where the policy's ``update`` takes it (policies
-    written against the three-argument form keep working)."""
-    if _takes_proposed(type(policy).update):
-        policy.update(accept_lengths, verify_lens, seconds, proposed=proposed)
-    else:
-        policy.update(accept_lengths, verify_lens, seconds)
+    """``policy.update`` after a round, with ``proposed`` and the row ids where the policy's ``update`` takes them
+    (policies written against the three-argument form keep working)."""
+    takes = _parameters(type(policy).update)
+    extra = {"proposed": proposed} if "proposed" in takes else {}
+    if "rows" in takes and rows is not None:
+        extra["rows"] = rows
+    policy.update(accept_lengths, verify_lens, seconds, **extra)
 
 
 @dataclass
@@ -161,8 +183,15 @@ class GoodputVerifyLength:
     cap_prune: float = 0.85
     cap_prune_every: int = 4
     ragged: bool = False
+    row_trust: bool = True
+    row_min_rate: float = 0.1
+    tail_quantile: float = 0.1
+    tail_tolerance: float = 1.05
+    tail_min_rounds: int = 6
+    tail_rows: int = 64
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
     _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
+    _round_rates: tuple | None = field(default=None, repr=False)  # (row ids, rates before RowTrust) of the round
 
     def __post_init__(self):
         if self.burst_rounds < 1:
@@ -184,7 +213,12 @@ class GoodputVerifyLength:
             self.refresh_plain_every,
             self.decay,
             self.min_rows,
+            self.tail_quantile,
+            self.tail_tolerance,
+            self.tail_min_rounds,
+            self.tail_rows,
         )
+        self.trust = RowTrust()
         self.bandit = CapBandit(
             self.caps, self.cap_explore_every, self.cap_prune, self.cap_prune_every, self.min_cap_steps, self.decay
         )
@@ -224,34 +258,60 @@ class GoodputVerifyLength:
         return min((n for n in (self.max_verify_len, self._round_cap) if n is not None), default=None)
 
     def verify_lens(
-        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+        self,
+        rates: torch.Tensor,
+        draft_hidden_states: torch.Tensor | None,
+        sources: list[str] | None = None,
+        rows: Sequence[Hashable] | None = None,
     ) -> torch.Tensor:
+        """``rows``: the batch's row ids (the engine passes them); with them, in a batch of ``min_rows`` rows or more,
+        each row's estimates are scaled by how its drafts have fared (:class:`~.row_trust.RowTrust`), so rows whose
+        drafts are rarely accepted fall back to plain steps first."""
         cost_model = self.cost_model or VerifyCostModel()
-        rows, cap = rates.shape[0], self._round_cap
+        num_rows, cap = rates.shape[0], self._round_cap
         self._round_cap = None
-        if rows < self.min_rows:
+        if num_rows < self.min_rows:
             cap = None
-        self._used_cap = (rows, cap)
+        self._used_cap = (num_rows, cap)
+        self._round_rates = None
+        if rows is not None and self.row_trust and len(rows) == num_rows:
+            self._round_rates = (list(rows), rates)
+            if num_rows >= self.min_rows:  # alone, a row's drafts delay no one: its own goodput choice decides
+                rates = self.trust.scale(rows, rates)
         limit = min((n for n in (self.max_verify_len, cap) if n is not None), default=None)
-        if (cap is not None or self.guard.exploring) and rows >= self.min_rows and limit is not None:
+        if (cap is not None or self.guard.exploring) and num_rows >= self.min_rows and limit is not None:
             # A fixed-length arm (and any explored round of a held bucket) verifies every row's drafts up to the
             # cap, whatever the cost model says: its rounds measure what adaflash@cap realises. (While a bucket is
             # held the cost model's wider entries go stale, and letting it choose would make exploring rounds
-            # verify nothing, prove nothing and keep the hold.)
-            return torch.full((rows,), min(limit, rates.shape[1] + 1), dtype=torch.long)
-        if self.ragged and rows > 1:
+            # verify nothing, prove nothing and keep the hold.) Rows whose first draft is hardly ever accepted
+            # (``row_min_rate``, their trust counted) verify only their anchor.
+            lengths = torch.full((num_rows,), min(limit, rates.shape[1] + 1), dtype=torch.long)
+            if rates.shape[1]:
+                lengths[rates[:, 0].float().cpu() < self.row_min_rate] = 1
+            return lengths
+        if self.ragged and num_rows > 1:
             return ragged_verify_lens(rates, cost_model, limit)
         length = goodput_verify_len(rates, cost_model, limit)
-        return torch.full((rows,), length, dtype=torch.long)
+        return torch.full((num_rows,), length, dtype=torch.long)
 
     def update(
-        self, accept_lengths: torch.Tensor, verify_lens: torch.Tensor, seconds: float, proposed: bool | None = None
+        self,
+        accept_lengths: torch.Tensor,
+        verify_lens: torch.Tensor,
+        seconds: float,
+        proposed: bool | None = None,
+        rows: Sequence[Hashable] | None = None,
     ) -> None:
         """File what the round realised, tokens per row and its time in plain steps of that many rows, with the
         guard and, for a speculative round of ``min_rows`` rows or more, under the arm it ran. The engine feeds
-        the cost model itself."""
+        the cost model itself. With the row ids (``rows``) each row's trust learns what its drafts got, and the
+        guard what each row realised (its tail check)."""
         if seconds <= 0 or not len(verify_lens):
             return
+        row_ids, (rated, estimates) = rows, self._round_rates or (None, None)
+        self._round_rates = None
+        if row_ids is not None and rated == list(row_ids):
+            self.trust.update(row_ids, estimates, (verify_lens - 1).tolist(), accept_lengths.tolist())
         rows = len(verify_lens)
         # A round that proposed is a speculative attempt even where every row then verified only its anchor:
         # it paid for the proposals (filed as a plain step it would make plain steps look slower than they are).
@@ -261,6 +321,8 @@ class GoodputVerifyLength:
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
         tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
         self.guard.record(bucket, speculative, tokens, steps, self.bandit.best_rate(bucket))
+        if speculative and row_ids is not None and rows >= self.min_rows and len(row_ids) == rows:
+            self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)
         used, self._used_cap = self._used_cap, None
         if speculative and rows >= self.min_rows and self.caps and used is not None and used[0] == rows:
             self.bandit.record(bucket, used[1], tokens, steps)
@@ -323,13 +385,17 @@ class LengthHeadVerifyLength(GoodputVerifyLength):
         return rates
 
     def verify_lens(
-        self, rates: torch.Tensor, draft_hidden_states: torch.Tensor | None, sources: list[str] | None = None
+        self,
+        rates: torch.Tensor,
+        draft_hidden_states: torch.Tensor | None,
+        sources: list[str] | None = None,
+        rows: Sequence[Hashable] | None = None,
     ) -> torch.Tensor:
         self.failed_rows = []
         if self._round_cap is not None and rates.shape[0] >= self.min_rows:  # a fixed-length arm: no estimate needed
-            return super().verify_lens(rates, draft_hidden_states, sources)
+            return super().verify_lens(rates, draft_hidden_states, sources, rows)
         head_rates = self.head_rates(rates, draft_hidden_states, sources)
-        lengths = super().verify_lens(head_rates, draft_hidden_states, sources)
+        lengths = super().verify_lens(head_rates, draft_hidden_states, sources, rows)
         if self.failed_rows:
             lengths[self.failed_rows] = 1
         return lengths

@@ -38,7 +38,14 @@ from .kv_cache import RaggedCache
 from .learning import VerifiedRound, learn_from_round
 from .membership import BatchMembership
 from .outputs import RoundStats
-from .policy import GoodputVerifyLength, VerifyLengthPolicy, failed_rows, verify_limit, wants_drafts
+from .policy import (
+    GoodputVerifyLength,
+    VerifyLengthPolicy,
+    choose_verify_lens,
+    failed_rows,
+    verify_limit,
+    wants_drafts,
+)
 from .proposers.base import Proposal
 from .proposers.drafter import DrafterProposer
 from .proposers.hybrid import HybridProposer
@@ -204,6 +211,7 @@ class SpeculativeBatch(BatchMembership):
             proposing,
             round_start,
             self.device,
+            list(self.ids),
         )
         self._drop_finished(updates)
         return updates
@@ -230,7 +238,7 @@ class SpeculativeBatch(BatchMembership):
         block = proposal.block
         draft_hidden, draft_logits = (None, None) if block is None else (block.hidden, block.logits)
         verify_lens = (
-            self.policy.verify_lens(proposal.rates, draft_hidden, proposal.sources)
+            choose_verify_lens(self.policy, proposal.rates, draft_hidden, proposal.sources, self.ids)
             .cpu()
             .clamp(1, proposal.tokens.shape[1] + 1)
         )

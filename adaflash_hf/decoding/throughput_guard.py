@@ -19,6 +19,12 @@ as decoding (a saturated CPU at high load) the policy falls back to plain decodi
 estimate that is off. It watches batches of at least ``min_rows`` rows: a single request's rounds are too few
 and too varied to compare.
 
+The tail check: speculation that pays on average can still slow the requests it helps least (in a round every row
+waits for the longest verification, so a row whose drafts fail pays for the others'). The guard keeps what each
+of the last ``tail_rows`` rows realised in the speculative rounds of a bucket, and holds the bucket while the row
+at ``tail_quantile`` of them (with ``tail_min_rounds`` such rounds or more) realises less than plain steps by more
+than ``tail_tolerance``: a request's latency under speculation is then within that factor of plain decoding's.
+
 Speculation is judged by ``spec_rate``, what its rounds realise under their best verify-length cap
 (:class:`~.cap_bandit.CapBandit`), which the caller passes in (None: every speculative round's rate).
 """
@@ -26,6 +32,8 @@ Speculation is judged by ``spec_rate``, what its rounds realise under their best
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -41,12 +49,24 @@ class ThroughputGuard:
     refresh_plain_every: int = 64
     decay: float = 0.9
     min_rows: int = 2
+    tail_quantile: float = 0.1
+    tail_tolerance: float = 1.05
+    tail_min_rounds: int = 6
+    tail_rows: int = 64
     realised: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     since: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> rounds since that kind ran
     explore: dict = field(default_factory=dict)  # rows bucket -> rounds between explored speculative rounds
     burst: dict = field(default_factory=dict)  # rows bucket -> (speculative?, rounds of it still to run, exploring?)
     spec_rounds: dict = field(default_factory=dict)  # rows bucket -> speculative rounds seen
     exploring: bool = False  # whether the round allows() just allowed explores a held bucket
+    row_realised: dict = field(default_factory=dict)  # rows bucket -> OrderedDict(row -> [tokens, steps, rounds])
+
+    def __post_init__(self):
+        if not 0 <= self.tail_quantile <= 1 or self.tail_tolerance <= 0 or self.tail_rows < 1:
+            raise ValueError(
+                f"tail_quantile={self.tail_quantile}, tail_tolerance={self.tail_tolerance}, tail_rows="
+                f"{self.tail_rows}: need 0 <= tail_quantile <= 1, tail_tolerance > 0 and tail_rows >= 1."
+            )
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
         """Realised tokens per row per plain step's time of one kind of round in a batch-size bucket.
@@ -78,7 +98,29 @@ class ThroughputGuard:
         return self.loses(bucket, self.rate(bucket, False), self.speculative_rate(bucket, spec_rate))
 
     def loses(self, bucket: int, plain: float | None, spec: float | None) -> bool:
-        return plain is not None and spec is not None and spec * self.margin < plain * self.desync_cost(bucket)
+        if plain is None or spec is None:
+            return False
+        floor = plain * self.desync_cost(bucket)
+        tail = self.tail_rate(bucket)
+        return spec * self.margin < floor or (tail is not None and tail * self.tail_tolerance < floor)
+
+    def record_rows(self, bucket: int, rows: Sequence[Hashable], tokens: Sequence[float], steps: float) -> None:
+        """File a speculative round per row: row ``rows[i]`` gained ``tokens[i]`` in ``steps`` plain steps' time."""
+        table = self.row_realised.setdefault(bucket, OrderedDict())
+        for row, gained in zip(rows, tokens):
+            sums = table.pop(row, [0.0, 0.0, 0])
+            table[row] = [sums[0] + gained, sums[1] + steps, sums[2] + 1]
+        while len(table) > self.tail_rows:
+            table.popitem(last=False)
+
+    def tail_rate(self, bucket: int) -> float | None:
+        """Tokens per plain step's time that the row at ``tail_quantile`` of this bucket's recent rows realised in its
+        speculative rounds; None with fewer than 4 rows of ``tail_min_rounds`` such rounds."""
+        table = self.row_realised.get(bucket) or {}
+        rates = sorted(t / s for t, s, n in table.values() if n >= self.tail_min_rounds and s > 0)
+        if len(rates) < 4:
+            return None
+        return rates[min(len(rates) - 1, int(self.tail_quantile * len(rates)))]
 
     def allows(self, rows: int, spec_rate: float | None) -> bool:
         """Whether a round of ``rows`` rows speculates; sets :attr:`exploring` when it explores a held bucket."""
@@ -131,7 +173,9 @@ class ThroughputGuard:
                 # Plain steps' worth of time a speculative round wastes, from the bucket's rates (one round's time and
                 # acceptance are too noisy to set a long interval by), its desync included. A bucket's first
                 # ``min_evidence`` speculative rounds keep exploring frequent (they pay kernel set-up for new shapes).
-                lost = tokens * (self.desync_cost(bucket) / spec - 1 / plain)
+                tail = self.tail_rate(bucket)  # held for its tail: what the tail rows lose is the waste
+                slowest = spec if tail is None else min(spec, tail)
+                lost = tokens * (self.desync_cost(bucket) / slowest - 1 / plain)
                 interval = max(
                     self.explore_every, math.ceil(self.burst_rounds * lost / self.explore_budget)
                 )  # <= the budget

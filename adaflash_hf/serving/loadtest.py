@@ -40,6 +40,7 @@ from .loadtest_report import add_intervals, interval_settings, pass_summary, plo
 
 METHODS = ("plain", "adaflash")
 LEVEL_WARMUP_TOKENS = 16  # max_tokens of the unmeasured requests every method serves before each level
+PROMPT_SETS = ("eval", "tuning", "validation")  # --prompts: the held-out prompts, or one half of them
 
 
 @dataclass
@@ -69,8 +70,9 @@ class ConcurrencyBenchArgs:
     prompts: str = field(
         default="eval",
         metadata={
-            "help": "'eval' (the preset's held-out prompts of --domains) or a JSONL file "
-            "of {prompt, domain} lines (at least 5 prompts)."
+            "help": "'eval' (the preset's held-out prompts of --domains), one half of them by document, "
+            "'tuning' (where the serving policy's constants are tuned) or 'validation' (where claims about them are "
+            "checked), or a JSONL file of {prompt, domain} lines (at least 5 prompts)."
         },
     )
     dtype: str = dtype_field()
@@ -95,10 +97,10 @@ class ConcurrencyBenchArgs:
         if self.requests < 0 or self.max_new_tokens < 1 or self.repeats < 1:
             raise ValueError("--requests must be >= 0, --max-new-tokens >= 1 and --repeats >= 1.")
         check_choice("--dtype", self.dtype, DTYPES)
-        if self.prompts != "eval" and not Path(self.prompts).is_file():
+        if self.prompts not in PROMPT_SETS and not Path(self.prompts).is_file():
             raise FileNotFoundError(
-                f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts) "
-                "or a JSONL file of {prompt, domain} lines."
+                f"--prompts {self.prompts}: no such file; give 'eval' (the held-out preset prompts), 'tuning' or "
+                "'validation' (its two halves) or a JSONL file of {prompt, domain} lines."
             )
 
     @property
@@ -258,12 +260,14 @@ def serve_while(scheduler, client, *args):
 def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
     """The prompts of every level: the eval split of ``--domains`` or the ``--prompts`` file, domains interleaved
     and every prompt used (not cut to the smallest domain). The last four are the warm-up's alone."""
-    from ..data import load_prompts, load_prompts_jsonl
+    from ..data import eval_half, load_prompts, load_prompts_jsonl
 
     by_domain: dict[str, list[str]] = {}
-    if args.prompts == "eval":
+    if args.prompts in PROMPT_SETS:
         for domain in args.domains.split(","):
-            by_domain[domain.strip()] = [r["prompt"] for r in load_prompts(domain.strip(), split="eval").to_list()]
+            rows = load_prompts(domain.strip(), split="eval").to_list()
+            keep = [args.prompts == "eval" or eval_half(r["source"], r["doc_id"]) == args.prompts for r in rows]
+            by_domain[domain.strip()] = [r["prompt"] for r, k in zip(rows, keep) if k]
     else:
         for row in load_prompts_jsonl(args.prompts).to_list():
             by_domain.setdefault(row.get("domain") or "all", []).append(row["prompt"])
@@ -272,7 +276,7 @@ def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
     if len(mixed) < 5:
         raise ValueError(
             f"the concurrency benchmark needs at least 5 prompts (4 warm it up), got {len(mixed)}"
-            + (f" in {args.prompts}." if args.prompts != "eval" else ".")
+            + (f" in {args.prompts}." if args.prompts not in PROMPT_SETS else f" in the {args.prompts} prompts.")
         )
     return mixed
 

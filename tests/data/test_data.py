@@ -538,3 +538,19 @@ def test_real_prompts_disjoint(domain: str) -> None:
     text_train, text_eval = load_text_corpus(domain, "train"), load_text_corpus(domain, "eval")
     assert not {(r["source"], r["doc_id"]) for r in text_train} & {(r["source"], r["doc_id"]) for r in text_eval}
     assert not set(text_train["text"]) & set(text_eval["text"])
+
+
+def test_eval_halves_follow_their_hash_rule_and_split_the_eval_prompts() -> None:
+    from adaflash_hf.data import eval_half
+    from adaflash_hf.serving.loadtest import ConcurrencyBenchArgs, bench_prompts
+
+    for source, doc_id in [("humaneval", "HumanEval/4"), ("gsm8k", "0002"), ("lee", "lee/003")]:
+        digest = hashlib.sha256(f"eval-half/{source}/{doc_id}".encode()).digest()
+        expected = "tuning" if int.from_bytes(digest[:8], "big") / 2**64 < 0.5 else "validation"
+        assert eval_half(source, doc_id) == expected
+    halves = Counter(eval_half("synthetic", str(i)) for i in range(4_000))
+    assert abs(halves["tuning"] / 4_000 - 0.5) < 0.03
+    tuning = bench_prompts(ConcurrencyBenchArgs(prompts="tuning", domains="code,math"))
+    validation = bench_prompts(ConcurrencyBenchArgs(prompts="validation", domains="code,math"))
+    everything = bench_prompts(ConcurrencyBenchArgs(prompts="eval", domains="code,math"))
+    assert not set(tuning) & set(validation) and sorted(tuning + validation) == sorted(everything)

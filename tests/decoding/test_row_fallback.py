@@ -1,0 +1,149 @@
+"""Rows whose drafts are rarely accepted fall back to plain first (RowTrust), and the guard's tail check holds a
+batch size where speculation pays on average but slows the rows it helps least."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash_hf import GoodputVerifyLength
+from adaflash_hf.decoding.acceptance import expected_accepted
+from adaflash_hf.decoding.cost import VerifyCostModel
+from adaflash_hf.decoding.policy import choose_verify_lens, report_round
+from adaflash_hf.decoding.row_trust import RowTrust
+from adaflash_hf.decoding.throughput_guard import ThroughputGuard
+
+
+def test_trust_scales_each_rows_expected_accepted_length_by_its_factor():
+    trust = RowTrust(prior_weight=2.0, decay=1.0)
+    rates = torch.tensor([[0.8, 0.6, 0.5], [0.8, 0.6, 0.5]])
+    for _ in range(10):  # row "b" verifies three drafts a round (2.128 expected) and gets none accepted
+        trust.update(["a", "b"], rates, [3, 3], [3, 0])
+    assert trust.trust("a") == 1.0  # at most 1: a row never gets more than the estimates promise
+    assert trust.trust("b") == pytest.approx(2.0 / (10 * expected_accepted([0.8, 0.6, 0.5]) + 2.0))
+    scaled = trust.scale(["a", "b"], rates)
+    assert torch.equal(rates, torch.tensor([[0.8, 0.6, 0.5], [0.8, 0.6, 0.5]]))  # the input is left as it was
+    for i, row in enumerate(["a", "b"]):  # every term of sum_k prod_{j<=k} a_j carries a_1: the whole sum scales
+        promised = expected_accepted([0.8, 0.6, 0.5])
+        assert expected_accepted(scaled[i].tolist()) == pytest.approx(trust.trust(row) * promised)
+    assert trust.trust("new") == 1.0 and torch.equal(trust.scale(["new"], rates[:1]), rates[:1])
+
+
+def test_trust_forgets_old_evidence_and_stays_bounded():
+    trust = RowTrust(decay=0.8, max_rows=3)
+    rates = torch.full((1, 2), 0.9)
+    for _ in range(20):
+        trust.update(["r"], rates, [2], [0])
+    low = trust.trust("r")
+    for _ in range(20):  # the request turns easy: its last rounds decide
+        trust.update(["r"], rates, [2], [2])
+    assert low < 0.3 and trust.trust("r") == 1.0
+    trust.update(["r"], rates, [0], [0])  # a plain step is no evidence
+    for row in "abcd":
+        trust.update([row], rates, [1], [0])
+    assert len(trust.sums) == 3 and "r" not in trust.sums
+    trust.forget(["d"])
+    assert "d" not in trust.sums
+    with pytest.raises(ValueError, match="prior_weight"):
+        RowTrust(prior_weight=0)
+
+
+def _two_row_policy(**kwargs) -> GoodputVerifyLength:
+    cost = VerifyCostModel()
+    for total, seconds in ((2, 0.010), (4, 0.011), (10, 0.013)):
+        cost.update(total, seconds, rows=2, ragged=True)
+    cost.update(2, 0.010, rows=2)
+    return GoodputVerifyLength(cost_model=cost, ragged=True, **kwargs)
+
+
+def test_a_row_whose_drafts_keep_failing_verifies_only_its_anchor_while_the_other_keeps_drafting():
+    policy = _two_row_policy(caps=())
+    rates = torch.full((2, 4), 0.7)
+    assert choose_verify_lens(policy, rates, None, None, ["good", "bad"]).tolist() == [5, 5]  # same estimates
+    for _ in range(12):
+        lengths = choose_verify_lens(policy, rates, None, None, ["good", "bad"])
+        report_round(policy, torch.tensor([4, 0]) * (lengths > 1), lengths, 0.02, True, ["good", "bad"])
+    lengths = choose_verify_lens(policy, rates, None, None, ["good", "bad"])
+    assert lengths[0] == 5 and lengths[1] <= 2  # the failing row's drafts went first, down to its likeliest one
+    assert policy.trust.trust("bad") < 0.2 and policy.trust.trust("good") == 1.0
+    # the same rows without their ids (a caller that does not pass them): no per-row judgement
+    assert policy.verify_lens(rates, None, None).tolist() == [5, 5]
+    # alone, a row's drafts delay no one: its trust does not cut them
+    assert policy.verify_lens(rates[1:], None, None, rows=["bad"]).tolist() == [5]
+    assert GoodputVerifyLength(cost_model=policy.cost_model, row_trust=False).verify_lens(
+        rates, None, None, rows=["good", "bad"]
+    ).tolist() == [5, 5]
+
+
+def test_a_fixed_length_arm_leaves_out_rows_whose_first_draft_is_hardly_ever_accepted():
+    policy = _two_row_policy(caps=(3,))
+    policy.trust.sums["bad"] = [0.0, 40.0]  # trust 2 / 42
+    policy._round_cap = 3
+    lengths = policy.verify_lens(torch.full((2, 4), 0.7), None, None, rows=["good", "bad"])
+    assert lengths.tolist() == [3, 1]
+
+
+def _tail_guard(**kwargs) -> ThroughputGuard:
+    guard = ThroughputGuard(desync_per_row=0.0, min_evidence=1, burst_rounds=1, **kwargs)
+    guard.record(5, False, 1.0, 1.0, None)  # plain: one token per row per plain step
+    return guard
+
+
+def test_the_tail_check_holds_a_batch_size_where_speculation_slows_the_rows_it_helps_least():
+    rows = [f"r{i}" for i in range(16)]
+    # rounds cost 1.3 plain steps; 12 rows gain 2.6 tokens, 4 rows 1 token: 2.2 tokens per row on average
+    tokens = [2.6] * 12 + [1.0] * 4
+    guard = _tail_guard(tail_quantile=0.1)
+    for _ in range(8):
+        guard.record(5, True, sum(tokens) / 16, 1.3, None)
+        guard.record_rows(5, rows, tokens, 1.3)
+    assert guard.rate(5, True) > 1.5 * guard.rate(5, False)  # on average speculation wins by far
+    assert guard.tail_rate(5) == pytest.approx(1 / 1.3)  # but its worst rows get 0.77 tokens per plain step
+    assert guard.losing(5, None) and not guard.allows(16, None)
+    # the same batch where every row gains: speculation goes on
+    even = _tail_guard()
+    for _ in range(8):
+        even.record(5, True, 2.2, 1.3, None)
+        even.record_rows(5, rows, [2.2] * 16, 1.3)
+    assert not even.losing(5, None) and even.allows(16, None)
+    # a tolerance as wide as the tail's loss lets it through; too little evidence decides nothing
+    lenient = _tail_guard(tail_tolerance=1.31)
+    for _ in range(8):
+        lenient.record(5, True, sum(tokens) / 16, 1.3, None)
+        lenient.record_rows(5, rows, tokens, 1.3)
+    assert not lenient.losing(5, None)
+    sparse = _tail_guard()
+    sparse.record(5, True, 2.2, 1.3, None)
+    sparse.record_rows(5, rows, tokens, 1.3)  # one round per row: below tail_min_rounds
+    assert sparse.tail_rate(5) is None and not sparse.losing(5, None)
+
+
+def test_the_tail_check_remembers_a_bounded_number_of_rows():
+    guard = _tail_guard(tail_rows=8)
+    for i in range(100):
+        guard.record_rows(5, [i, i + 1], [1.0, 2.0], 1.0)
+    assert len(guard.row_realised[5]) == 8
+    with pytest.raises(ValueError, match="tail_quantile"):
+        ThroughputGuard(tail_quantile=2.0)
+
+
+def test_the_engine_passes_row_ids_to_policies_that_take_them():
+    seen = []
+
+    class Rows:
+        def verify_lens(self, rates, draft_hidden_states, sources=None, rows=None):
+            seen.append(("choose", rows))
+            return torch.ones(rates.shape[0], dtype=torch.long)
+
+        def update(self, accept_lengths, verify_lens, seconds, proposed=None, rows=None):
+            seen.append(("update", rows))
+
+    class Old:
+        def verify_lens(self, rates, draft_hidden_states, sources=None):
+            seen.append("old")
+            return torch.ones(rates.shape[0], dtype=torch.long)
+
+    choose_verify_lens(Rows(), torch.zeros(2, 3), None, None, ["x", "y"])
+    report_round(Rows(), torch.zeros(2), torch.ones(2), 0.1, True, ["x", "y"])
+    choose_verify_lens(Old(), torch.zeros(2, 3), None, None, ["x", "y"])
+    assert seen == [("choose", ["x", "y"]), ("update", ["x", "y"]), "old"]
