@@ -186,7 +186,7 @@ class GoodputVerifyLength:
     row_trust: bool = True
     row_min_rate: float = 0.1
     tail_quantile: float = 0.1
-    tail_tolerance: float = 1.05
+    tail_tolerance: float | None = None
     tail_min_rounds: int = 6
     tail_rows: int = 64
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed

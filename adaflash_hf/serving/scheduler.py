@@ -193,15 +193,12 @@ class Scheduler(Admission):
         try:
             start = time.perf_counter()
             self.drafting_state.cost_model.calibrate(self.target, counts)
-            rows = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size] + [
-                self.config.max_batch_size
-            ]
+            sizes = [n for n in (2, 4, 8, 16, 32, 64, 128) if n <= self.config.max_batch_size]
+            rows = sorted({r for r in (*sizes, self.config.max_batch_size) if r > 1})
             widths = (
                 tuple(w for w in (1, 2, 3, 5, 9, 17) if w <= longest) if wants_drafts(self.batch.policy, 2) else (1,)
             )
-            self.drafting_state.cost_model.calibrate_rows(
-                self.target, sorted(set(r for r in rows if r > 1)), widths=widths
-            )
+            self.drafting_state.cost_model.calibrate_rows(self.target, rows, widths=widths)
             logger.info(
                 "verify cost profiled for %s tokens and %s rows x %s tokens in %.1fs",
                 counts,

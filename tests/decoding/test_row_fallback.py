@@ -84,6 +84,7 @@ def test_a_fixed_length_arm_leaves_out_rows_whose_first_draft_is_hardly_ever_acc
 
 
 def _tail_guard(**kwargs) -> ThroughputGuard:
+    kwargs.setdefault("tail_tolerance", 1.05)
     guard = ThroughputGuard(desync_per_row=0.0, min_evidence=1, burst_rounds=1, **kwargs)
     guard.record(5, False, 1.0, 1.0, None)  # plain: one token per row per plain step
     return guard
@@ -116,6 +117,11 @@ def test_the_tail_check_holds_a_batch_size_where_speculation_slows_the_rows_it_h
     sparse.record(5, True, 2.2, 1.3, None)
     sparse.record_rows(5, rows, tokens, 1.3)  # one round per row: below tail_min_rounds
     assert sparse.tail_rate(5) is None and not sparse.losing(5, None)
+    off = _tail_guard(tail_tolerance=None)  # the default: no tail check, no per-row bookkeeping
+    for _ in range(8):
+        off.record(5, True, sum(tokens) / 16, 1.3, None)
+        off.record_rows(5, rows, tokens, 1.3)
+    assert not off.losing(5, None) and not off.row_realised
 
 
 def test_the_tail_check_remembers_a_bounded_number_of_rows():
