@@ -182,12 +182,25 @@ class CacheFeaturesConfig:
     """``adaflash cache-features``: run the target once over the cached responses and keep the drafter's context
     on disk."""
 
-    data_dir: str = field(
-        metadata={"help": "Data folder of adaflash generate-data: every response under DATA_DIR/train is used."}
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Data folder of adaflash generate-data: every response under DATA_DIR/train is cached (None: "
+            "corpus windows only)."
+        },
     )
     target: str = field(
         default="smollm2-135m", metadata={"help": "Target: preset name, local folder, .gguf or Hub id."}
     )
+    corpus: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Also cache the training split's corpus text of these domains (e.g. code math chat), packed into "
+            "--seq-len windows as train-drafter packs it: one target forward per token, labels the target's argmax."
+        },
+    )
+    seq_len: int = field(default=512, metadata={"help": "With --corpus: tokens per corpus window."})
+    seed: int = seed_field("the corpus chunks' order, with --corpus (train-drafter's --seed)")
     target_dtype: str = dtype_field("the target")
     target_layer_ids: list[int] | None = field(
         default=None,
@@ -211,9 +224,21 @@ class CacheFeaturesConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}.")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0 or None, got {self.max_minutes}.")
-        if not Path(self.data_dir).is_dir():
+        if self.data_dir is None and not self.corpus:
+            raise ValueError(
+                "nothing to cache: pass --data-dir (responses of adaflash generate-data), --corpus DOMAIN ..., or both."
+            )
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise FileNotFoundError(
                 f"data_dir {self.data_dir}: no such folder; create it with `adaflash generate-data "
                 f"--data-dir {self.data_dir}`."
             )
+        if self.corpus:
+            from ..data.prompts import DOMAINS
+
+            unknown = [d for d in self.corpus if d not in DOMAINS]
+            if unknown:
+                raise ValueError(f"--corpus {' '.join(unknown)}: unknown domain; choose from {', '.join(DOMAINS)}.")
+        if self.seq_len < 16:
+            raise ValueError(f"seq_len must be >= 16, got {self.seq_len}.")
         check_choice("target_dtype", self.target_dtype, DTYPES)

@@ -12,14 +12,17 @@ Layout of a cache folder::
     meta.json           provenance: target, context layer ids, dtype, hidden size, adaflash-hf version,
                         and per shard its source file (sha256), sequences, tokens, seconds, time written
     shard_NNNNN/        one per source shard of self-generated responses (``adaflash generate-data``)
+    corpus_NNNNN/       optional: packed windows of teacher-forced corpus text (``--corpus``), same arrays
         ids.npy         (N,) int32 token ids of every sequence, concatenated
         labels.npy      (N,) int32 the target's argmax at t - 1 for token t (-100 at each sequence's start)
         context.npy     (N, n_layers * H) uint16, the bits of the bf16 hidden states
         offsets.npy     (S + 1,) int64 where each sequence begins in the flat arrays
         starts.npy      (S,) int64 the first response position of each sequence (prompt before it)
 
-A shard is written to a temporary folder and renamed when complete, so an interrupted run resumes at
-the first missing shard. Size: n_layers * H * 2 bytes per token (SmolLM2-135M with 5 layers: 5.8 KB).
+Corpus windows cost one target forward per token, about 15 times less than generating a response token, and
+their labels are still the target's own argmax; training mixes them with the responses (``train-drafter
+--corpus-fraction``). A shard is written to a temporary folder and renamed when complete, so an interrupted run
+resumes at the first missing shard. Size: n_layers * H * 2 bytes per token (SmolLM2-135M with 5 layers: 5.8 KB).
 """
 
 from __future__ import annotations
@@ -59,6 +62,33 @@ def source_shards(data_dir: str | Path) -> list[Path]:
             f"`adaflash generate-data --data-dir {data_dir}`."
         )
     return shards
+
+
+CORPUS_WINDOWS_PER_SHARD = 256  # 512-token windows: 131k tokens, about 0.75 GB of SmolLM2-135M features per shard
+
+
+def corpus_shards(
+    tokenizer, domains: list[str], seq_len: int, seed: int = 0, windows_per_shard: int | None = None
+) -> list[list[TrainingSequence]]:
+    """The training split's corpus text of ``domains``, packed into ``seq_len``-token windows exactly as
+    ``train-drafter`` packs it, in shards of ``windows_per_shard`` windows (a fixed order: same inputs, same shards)."""
+    from ..data import load_text_corpus
+    from .data import pack_corpus
+
+    texts = load_text_corpus(domains, split="train", seed=seed)
+    windows = pack_corpus(tokenizer, list(texts["text"]), seq_len)
+    windows_per_shard = windows_per_shard or CORPUS_WINDOWS_PER_SHARD
+    return [windows[i : i + windows_per_shard] for i in range(0, len(windows), windows_per_shard)]
+
+
+def _ids_digest(sequences: list[TrainingSequence]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for sequence in sequences:
+        digest.update(sequence.input_ids.to(torch.int32).numpy().tobytes())
+        digest.update(int(sequence.start).to_bytes(8, "little"))
+    return digest.hexdigest()
 
 
 @torch.no_grad()
@@ -104,14 +134,19 @@ def _shard_features(
 def build_feature_cache(
     target,
     tokenizer,
-    data_dir: str | Path,
+    data_dir: str | Path | None,
     cache_dir: str | Path,
     layer_ids: list[int],
     target_name: str,
     batch_size: int = 8,
     max_minutes: float | None = None,
+    corpus_domains: list[str] | None = None,
+    seq_len: int = 512,
+    seed: int = 0,
 ) -> Path:
-    """Compute (or resume) the feature cache of every self-generated shard under ``DATA_DIR/train``."""
+    """Compute (or resume) the feature cache of every self-generated shard under ``DATA_DIR/train`` (None: none),
+    then, with ``corpus_domains``, of the training split's corpus text of those domains in ``seq_len``-token
+    windows (``corpus_NNNNN`` shards)."""
     from .. import __version__
 
     cache_dir = Path(cache_dir)
@@ -136,22 +171,35 @@ def build_feature_cache(
     meta.update(provenance)
     meta.setdefault("shards", {})
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sources = source_shards(data_dir)
+    if data_dir is None and not corpus_domains:
+        raise ValueError(
+            "nothing to cache: give a data folder of responses (--data-dir), corpus domains (--corpus), or both."
+        )
+    jobs = []  # (shard name, where it comes from, its digest, a function that reads its sequences, provenance)
+    for number, source in enumerate(source_shards(data_dir) if data_dir is not None else []):
+        jobs.append(
+            (f"shard_{number:05d}", str(source.relative_to(Path(data_dir))), sha256_of(source), _read_shard, source, {})
+        )
+    if corpus_domains:
+        first = 0
+        for number, windows in enumerate(corpus_shards(tokenizer, list(corpus_domains), seq_len, seed)):
+            provenance_of = {"kind": "corpus", "domains": list(corpus_domains), "seq_len": seq_len, "seed": seed}
+            label = f"corpus {'+'.join(corpus_domains)}, windows {first}..{first + len(windows) - 1}"
+            first += len(windows)
+            jobs.append((f"corpus_{number:05d}", label, _ids_digest(windows), lambda w: w, windows, provenance_of))
     start = time.perf_counter()
-    bar = tqdm(sources, desc="cache target features", unit="shard")
-    for number, source in enumerate(bar):
-        name = f"shard_{number:05d}"
-        digest = sha256_of(source)
+    bar = tqdm(jobs, desc="cache target features", unit="shard")
+    for name, source_label, digest, read, source, extra in bar:
         done = meta["shards"].get(name)
         if done is not None and (cache_dir / name).is_dir():
             if done["source_sha256"] != digest:
                 raise ValueError(
-                    f"{cache_dir / name} was computed from another version of {source}: "
+                    f"{cache_dir / name} was computed from another version of {source_label}: "
                     "delete the cache folder to rebuild it."
                 )
             continue
         tick = time.perf_counter()
-        sequences = _read_shard(source)
+        sequences = read(source)
         arrays = _shard_features(target, sequences, layer_ids, pad_id, batch_size)
         tmp = cache_dir / f"{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -162,7 +210,9 @@ def build_feature_cache(
         seconds = time.perf_counter() - tick
         tokens = int(arrays["offsets"][-1])
         meta["shards"][name] = {
-            "source": str(source.relative_to(Path(data_dir))),
+            "kind": extra.get("kind", "response"),
+            **{k: v for k, v in extra.items() if k != "kind"},
+            "source": source_label,
             "source_sha256": digest,
             "sequences": len(sequences),
             "tokens": tokens,
@@ -186,6 +236,7 @@ class CachedSequence:
     offset: int
     length: int
     start: int
+    kind: str = "response"  # or "corpus"
 
 
 class FeatureStore:
@@ -221,8 +272,9 @@ class FeatureStore:
             index = len(self._shards)
             self._shards.append(arrays)
             offsets, starts = np.asarray(arrays["offsets"]), np.asarray(arrays["starts"])
+            kind = self.meta["shards"][name].get("kind", "response")
             self.sequences.extend(
-                CachedSequence(index, int(offsets[i]), int(offsets[i + 1] - offsets[i]), int(starts[i]))
+                CachedSequence(index, int(offsets[i]), int(offsets[i + 1] - offsets[i]), int(starts[i]), kind)
                 for i in range(len(starts))
             )
         if not self.sequences:
@@ -237,11 +289,19 @@ class FeatureStore:
 
     @property
     def num_response_tokens(self) -> int:
-        return sum(s.length - s.start for s in self.sequences)
+        """Tokens of the self-generated responses (their prompts and the corpus windows not counted)."""
+        return sum(s.length - s.start for s in self.sequences if s.kind == "response")
+
+    def indices(self, kind: str) -> list[int]:
+        """Indices of the cached sequences of one kind: ``"response"`` (self-generated) or ``"corpus"``."""
+        return [i for i, s in enumerate(self.sequences) if s.kind == kind]
+
+    def tokens_of(self, kind: str) -> int:
+        return sum(s.length for s in self.sequences if s.kind == kind)
 
     @property
     def size_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.cache_dir.glob("shard_*/*.npy"))
+        return sum(f.stat().st_size for name in self.meta["shards"] for f in (self.cache_dir / name).glob("*.npy"))
 
     def check(self, target_name: str | None, layer_ids: list[int]) -> None:
         """Raise if the cache was computed for another target or other context layers than a drafter reads."""
@@ -305,10 +365,15 @@ def cache_features(config) -> int:
         config.target,
         batch_size=config.batch_size,
         max_minutes=config.max_minutes,
+        corpus_domains=config.corpus,
+        seq_len=config.seq_len,
+        seed=config.seed,
     )
     store = FeatureStore(cache_dir)
+    corpus = store.tokens_of("corpus")
     print(
-        f"{len(store)} sequences, {store.num_tokens:,} tokens ({store.num_response_tokens:,} response tokens), "
-        f"{store.size_bytes / 2**30:.2f} GiB in {cache_dir}"
+        f"{len(store)} sequences, {store.num_tokens:,} tokens ({store.num_response_tokens:,} response tokens"
+        + (f", {corpus:,} corpus tokens" if corpus else "")
+        + f"), {store.size_bytes / 2**30:.2f} GiB in {cache_dir}"
     )
     return 0

@@ -175,7 +175,8 @@ def train_drafter(
             from .features import FeatureStore
 
             store = FeatureStore(config.feature_cache)
-            self_gen = [store.training_sequence(i) for i in range(len(store))]
+            pools = {kind: store.indices(kind) for kind in ("response", "corpus")}  # pool index -> store index
+            self_gen = [store.training_sequence(i) for i in pools["response"]]
         elif config.corpus_fraction < 1.0:
             train_prompts = load_prompts(
                 config.train_domains,
@@ -197,7 +198,11 @@ def train_drafter(
                     "or drop --self-gen-cached-only."
                 )
     corpus: list[TrainingSequence] = []
-    if config.corpus_fraction > 0.0:
+    if config.corpus_fraction > 0.0 and store is not None and pools["corpus"]:
+        # corpus windows cached beside the responses (cache-features --corpus): they replace live corpus text
+        corpus = [store.training_sequence(i) for i in pools["corpus"]]
+        logger.info("corpus windows from the feature cache: %d windows", len(corpus))
+    elif config.corpus_fraction > 0.0:
         texts = load_text_corpus(
             config.train_domains, split="train", limit_per_domain=config.corpus_limit_per_domain, seed=config.seed
         )
@@ -261,8 +266,10 @@ def train_drafter(
         use_corpus = not self_gen or (corpus and torch.rand((), generator=generator).item() < config.corpus_fraction)
         pool = corpus if use_corpus else self_gen
         picks = torch.randint(len(pool), (config.batch_size,), generator=generator).tolist()
-        if store is not None and not use_corpus:
-            batch, features = store.batch(picks[rows], pad_id)
+        cached = store is not None and (not use_corpus or bool(pools["corpus"]))
+        if cached:
+            pool_indices = pools["corpus" if use_corpus else "response"]
+            batch, features = store.batch([pool_indices[i] for i in picks[rows]], pad_id)
             whole = batch if processes.count == 1 else collate([pool[i] for i in picks], pad_id)
             return batch, features, whole.label_mask
         whole = collate([pool[i] for i in picks], pad_id)
@@ -399,7 +406,9 @@ def train_drafter(
         "train_minutes": state["train_minutes"],
         "steps": state["step"],
         "supervised_tokens_seen": state["tokens_seen"],
-        "feature_cache": None if store is None else {"dir": str(store.cache_dir), "tokens": store.num_tokens},
+        "feature_cache": None
+        if store is None
+        else {"dir": str(store.cache_dir), "tokens": store.num_tokens, "corpus_tokens": store.tokens_of("corpus")},
         "wall_minutes": wall_minutes(),  # summed over resumed processes
         "held_out_teacher_forced": final_eval,
         "held_out_at_init": start_eval,

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from test_training import TINY_EVAL, TINY_RUN  # the test folder is on sys.path under pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adaflash_hf.modeling_adaflash import AdaFlashDrafter
@@ -56,6 +57,30 @@ def write_responses(data_dir, shards: int = 2, per_shard: int = 3) -> None:
                 )
             )
         _write_shard(folder / f"shard_{shard:05d}.safetensors", records)
+
+
+# a tiny run from a feature cache (with test_training.chat_target)
+CACHED_RUN = {**TINY_RUN, "seq_len": 512, **TINY_EVAL}
+
+
+def count_target_forwards(monkeypatch, trainer_module) -> list:
+    """Patch the trainer's live target forward to count its calls; returns the list it appends to."""
+    calls = []
+    real = trainer_module.target_features
+    monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def write_chat_responses(data_dir, vocab: int):
+    """One shard of four 40-token responses (prompt of 6) over the chat target's vocabulary; returns data_dir."""
+    folder = data_dir / "train" / "0123456789abcdef"
+    folder.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    _write_shard(
+        folder / "shard_00000.safetensors",
+        [(torch.randint(4, vocab, (40,), generator=generator).tolist(), 6) for _ in range(4)],
+    )
+    return data_dir
 
 
 def test_cached_features_equal_a_live_target_forward(tmp_path):
@@ -132,37 +157,10 @@ def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path
     from adaflash_hf.training import TrainDrafterConfig, train_drafter
 
     target, tokenizer = chat_target(layers=4)
-    data_dir = tmp_path / "data"
-    folder = data_dir / "train" / "0123456789abcdef"
-    folder.mkdir(parents=True)
-    generator = torch.Generator().manual_seed(0)
-    _write_shard(
-        folder / "shard_00000.safetensors",
-        [(torch.randint(4, len(tokenizer), (40,), generator=generator).tolist(), 6) for _ in range(4)],
-    )
+    data_dir = write_chat_responses(tmp_path / "data", len(tokenizer))
     cache = build_feature_cache(target, tokenizer, data_dir, tmp_path / "cache", [1, 3], "tiny")
-    calls = []
-    real = trainer_module.target_features
-    monkeypatch.setattr(trainer_module, "target_features", lambda *a, **k: calls.append(1) or real(*a, **k))
-    common = dict(
-        target="tiny",
-        target_dtype="fp32",
-        block_size=4,
-        num_anchors=8,
-        train_domains=["math"],
-        corpus_fraction=0.0,
-        eval_prompts_per_domain=2,
-        gen_max_new_tokens=6,
-        gen_batch_size=2,
-        eval_anchors=4,
-        eval_every=100,
-        checkpoint_every=100,
-        warmup_steps=1,
-        engine_eval_prompts=0,
-        max_steps=4,
-        data_dir=str(data_dir),
-        feature_cache=str(cache),
-    )
+    calls = count_target_forwards(monkeypatch, trainer_module)
+    common = dict(**CACHED_RUN, corpus_fraction=0.0, max_steps=4, data_dir=str(data_dir), feature_cache=str(cache))
     final = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "run"), **common), target, tokenizer)
     assert calls == [1]  # the final held-out evaluation only: every training batch came from the cache
     summary = json.loads((final / "training_summary.json").read_text())
@@ -186,3 +184,68 @@ def test_training_from_the_cache_runs_no_target_forward_for_its_batches(tmp_path
     )
     summary = json.loads((target_init / "training_summary.json").read_text())
     assert summary["held_out_at_init"]["tau"] >= 1.0  # the starting point is measured
+
+
+def test_corpus_windows_are_cached_beside_the_responses_and_train_without_a_target_forward(tmp_path, monkeypatch):
+    from datasets import Dataset
+    from test_training import chat_target
+
+    import adaflash_hf.data as data_module
+    import adaflash_hf.training.features as features_module
+    import adaflash_hf.training.trainer as trainer_module
+    from adaflash_hf.training import TrainDrafterConfig, train_drafter
+    from adaflash_hf.training.data import pack_corpus
+
+    target, tokenizer = chat_target(layers=4)
+    texts = [f"passage {i}: the cat sat on the mat and counted {i * 7} apples." for i in range(40)]
+    monkeypatch.setattr(data_module, "load_text_corpus", lambda *a, **k: Dataset.from_dict({"text": list(texts)}))
+    monkeypatch.setattr(features_module, "CORPUS_WINDOWS_PER_SHARD", 8)
+    data_dir = write_chat_responses(tmp_path / "data", len(tokenizer))
+    cache = build_feature_cache(
+        target, tokenizer, data_dir, tmp_path / "cache", [1, 3], "tiny", corpus_domains=["math"], seq_len=32
+    )
+    windows = pack_corpus(tokenizer, texts, 32)
+    store = FeatureStore(cache)
+    corpus = store.indices("corpus")
+    assert len(store.indices("response")) == 4 and len(corpus) == len(windows) > 8  # more than one corpus shard
+    assert store.num_response_tokens == 4 * 34 and store.tokens_of("corpus") == 32 * len(windows)
+    shards = json.loads((cache / "meta.json").read_text())["shards"]
+    assert shards["corpus_00000"]["kind"] == "corpus" and shards["corpus_00000"]["domains"] == ["math"]
+    picked = [corpus[0], corpus[-1]]
+    batch, cached = store.batch(picked, pad_token_id=2)
+    assert torch.equal(batch.input_ids, torch.stack([windows[0].input_ids, windows[-1].input_ids]))
+    live = target_features(target, batch, [1, 3])
+    assert torch.equal(cached.labels[:, 1:], live.labels[:, 1:])  # the target's argmax on teacher-forced text
+    assert torch.equal(cached.context, live.context.to(torch.bfloat16))
+
+    first = (cache / "corpus_00000" / "context.npy").stat().st_mtime_ns
+    build_feature_cache(target, tokenizer, data_dir, cache, [1, 3], "tiny", corpus_domains=["math"], seq_len=32)
+    assert (cache / "corpus_00000" / "context.npy").stat().st_mtime_ns == first  # resumed: nothing recomputed
+    texts[0] = "another first passage, so the first window changes."
+    with pytest.raises(ValueError, match="another version of corpus math"):
+        build_feature_cache(target, tokenizer, data_dir, cache, [1, 3], "tiny", corpus_domains=["math"], seq_len=32)
+
+    calls = count_target_forwards(monkeypatch, trainer_module)
+    config = TrainDrafterConfig(
+        output_dir=str(tmp_path / "run"),
+        **{**CACHED_RUN, "seq_len": 32},
+        corpus_fraction=0.5,
+        max_steps=6,
+        data_dir=str(data_dir),
+        feature_cache=str(cache),
+    )
+    final = train_drafter(config, target, tokenizer)
+    assert calls == [1]  # the final held-out evaluation only: corpus and response batches both came from the cache
+    summary = json.loads((final / "training_summary.json").read_text())
+    assert summary["data_sizes"]["corpus_sequences"] == len(windows)
+    assert summary["feature_cache"]["corpus_tokens"] == 32 * len(windows)
+
+
+def test_cache_features_config_says_what_is_missing(tmp_path):
+    from adaflash_hf.training.data_configs import CacheFeaturesConfig
+
+    with pytest.raises(ValueError, match="nothing to cache"):
+        CacheFeaturesConfig()
+    with pytest.raises(ValueError, match="unknown domain"):
+        CacheFeaturesConfig(corpus=["poetry"])
+    assert CacheFeaturesConfig(corpus=["code", "math"]).data_dir is None

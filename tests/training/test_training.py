@@ -237,6 +237,17 @@ def chat_target(layers: int = 4) -> tuple[LlamaForCausalLM, PreTrainedTokenizerF
 
 # the target and the shape of the tiny training runs (with chat_target)
 TINY_RUN = dict(target="tiny", target_dtype="fp32", block_size=4, num_anchors=8, seq_len=32, train_domains=["math"])
+# their held-out data and evaluation: two prompts per domain, short answers, no engine check
+TINY_EVAL = dict(
+    eval_prompts_per_domain=2,
+    gen_max_new_tokens=6,
+    gen_batch_size=2,
+    eval_anchors=4,
+    eval_every=100,
+    checkpoint_every=100,
+    warmup_steps=1,
+    engine_eval_prompts=0,
+)
 
 
 def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
@@ -303,14 +314,7 @@ def test_steps_per_forward_reuses_one_target_forward_and_intermediate_size_is_ap
         **TINY_RUN,
         corpus_fraction=1.0,
         corpus_limit_per_domain=4,
-        eval_prompts_per_domain=2,
-        gen_max_new_tokens=6,
-        gen_batch_size=2,
-        eval_anchors=4,
-        eval_every=100,
-        checkpoint_every=100,
-        warmup_steps=1,
-        engine_eval_prompts=0,
+        **TINY_EVAL,
         max_steps=6,
         intermediate_size=16,
     )
@@ -336,14 +340,7 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
         corpus_fraction=0.5,
         corpus_limit_per_domain=4,
         self_gen_prompts_per_domain=2,
-        eval_prompts_per_domain=2,
-        gen_max_new_tokens=6,
-        gen_batch_size=2,
-        eval_anchors=4,
-        eval_every=100,
-        checkpoint_every=100,
-        warmup_steps=1,
-        engine_eval_prompts=1,
+        **{**TINY_EVAL, "engine_eval_prompts": 1},
         max_steps=2,
         data_dir=str(tmp_path / "data"),
     )
