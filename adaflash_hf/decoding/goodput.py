@@ -55,3 +55,48 @@ def ragged_verify_lens(
     costs = cost_model.cost_ragged_curve(b, range(b, b + n + 1)).float()
     best = int((tokens / costs).argmax())
     return lengths + torch.bincount(order[:best] // m, minlength=b)
+
+
+def within_slowdown(
+    lengths: torch.Tensor,
+    rates: torch.Tensor,
+    cost_model: VerifyCostModel,
+    max_slowdown: float,
+    overhead: float = 0.0,
+    ragged: bool = True,
+) -> torch.Tensor:
+    """Trim a batch's verify lengths so that no row's expected time per token exceeds a plain step's by more than
+    ``max_slowdown``.
+
+    In a batched round every row waits for the whole round, so a row that gains ``E_i`` expected tokens from a
+    round costing ``c`` decodes at ``c / E_i`` per token, against a plain step's ``c_0`` without speculation. The
+    least-served row (smallest ``E_i``) sets the bound: ``(overhead + c) / c_0 <= max_slowdown * min_i E_i``, with
+    ``c`` the verify forward's estimated cost (ragged: by total tokens; else rows times the longest length),
+    ``c_0`` that of one token per row (a plain step) and ``overhead`` what the round already spent proposing
+    (the drafter's pass). lengths (b,) in [1, m + 1], rates (b, m) conditional acceptance rates -> (b,) lengths:
+    the chosen drafts are dropped least likely first, keeping the most of them that meet the bound; where none
+    does (the proposal alone cost more than the bound allows), the ones whose round comes closest to it.
+    """
+    b, m = rates.shape
+    drafts = (lengths.cpu() - 1).clamp(0, m)
+    if b < 2 or m == 0 or int(drafts.sum()) == 0:
+        return lengths
+    gains = rates.float().cpu().clamp(0, 1).cumprod(-1)  # (b, m): expected tokens each draft adds
+    chosen = torch.arange(m)[None, :] < drafts[:, None]  # each row's drafts are a prefix
+    row_of, position = chosen.nonzero(as_tuple=True)  # row-major, positions ascending within a row
+    values, order = gains[row_of, position].sort(descending=True, stable=True)  # a row's drafts stay in order
+    row_of = row_of[order]
+    n = len(order)
+    added = torch.zeros(n, b)
+    added[torch.arange(n), row_of] = values
+    expected = 1 + torch.cat([torch.zeros(1, b), added.cumsum(0)])  # (n + 1, b): E_i with the first j drafts
+    if ragged:
+        costs = cost_model.cost_ragged_curve(b, range(b, b + n + 1)).float()
+    else:
+        counts = torch.cat([torch.zeros(1, b), torch.nn.functional.one_hot(row_of, b).float().cumsum(0)])
+        widths = (counts.max(1).values + 1).long().tolist()  # rectangular: every row as long as the longest
+        costs = torch.tensor([cost_model.cost_batch(b, w) for w in widths], dtype=torch.float32)
+    slowdown = (overhead + costs) / costs[0] / expected.min(1).values  # (n + 1,)
+    feasible = (slowdown <= max_slowdown).nonzero().flatten()
+    keep = int(feasible.max()) if len(feasible) else int(slowdown.argmin())
+    return 1 + torch.bincount(row_of[:keep], minlength=b).to(lengths.dtype)

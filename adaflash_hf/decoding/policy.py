@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,7 +24,7 @@ import torch
 
 from .cap_bandit import CapBandit
 from .cost import VerifyCostModel
-from .goodput import goodput_verify_len, ragged_verify_lens
+from .goodput import goodput_verify_len, ragged_verify_lens, within_slowdown
 from .row_trust import RowTrust
 from .throughput_guard import ThroughputGuard
 
@@ -162,7 +162,16 @@ class GoodputVerifyLength:
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
       ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice
       or a fixed length, whichever has realised the most in its bucket; the guard compares plain steps with
-      that arm's rounds.
+      that arm's rounds;
+    - the row slowdown bound (``max_row_slowdown``, :func:`~.goodput.within_slowdown`): in a batch of
+      ``min_rows`` rows or more, whatever chose the lengths, drafts are dropped, least likely first, until the
+      round's estimated cost (the drafter's pass included, ``drafter_cost``, bound by the engine) over a plain
+      step's is at most ``max_row_slowdown`` times the expected tokens of the batch's least-served row. A row
+      gains at least one token per round, and every row waits for the whole round, so this bounds how much
+      slower than plain decoding any request runs, which is what sets tail latency under load. None: no bound.
+
+    Rows whose drafts are rarely accepted are rated by what they got (:class:`~.row_trust.RowTrust`), so their
+    expected tokens, and with them the bound, follow the requests actually in the batch.
     """
 
     max_verify_len: int | None = None
@@ -189,6 +198,8 @@ class GoodputVerifyLength:
     tail_tolerance: float | None = None
     tail_min_rounds: int = 6
     tail_rows: int = 64
+    max_row_slowdown: float | None = 1.05
+    drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
     _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
     _round_rates: tuple | None = field(default=None, repr=False)  # (row ids, rates before RowTrust) of the round
@@ -288,11 +299,19 @@ class GoodputVerifyLength:
             lengths = torch.full((num_rows,), min(limit, rates.shape[1] + 1), dtype=torch.long)
             if rates.shape[1]:
                 lengths[rates[:, 0].float().cpu() < self.row_min_rate] = 1
-            return lengths
-        if self.ragged and num_rows > 1:
-            return ragged_verify_lens(rates, cost_model, limit)
-        length = goodput_verify_len(rates, cost_model, limit)
-        return torch.full((num_rows,), length, dtype=torch.long)
+        elif self.ragged and num_rows > 1:
+            lengths = ragged_verify_lens(rates, cost_model, limit)
+        else:
+            lengths = torch.full((num_rows,), goodput_verify_len(rates, cost_model, limit), dtype=torch.long)
+        if (
+            self.max_row_slowdown is not None
+            and num_rows >= self.min_rows
+            and cost_model.measured
+            and not self.guard.exploring  # an explored round re-measures wide forwards the held bucket forgot
+        ):  # no request decodes slower than under plain steps by more than max_row_slowdown (its tail latency)
+            drafter = self.drafter_cost(num_rows) if self.drafter_cost and draft_hidden_states is not None else None
+            lengths = within_slowdown(lengths, rates, cost_model, self.max_row_slowdown, drafter or 0.0, self.ragged)
+        return lengths
 
     def update(
         self,

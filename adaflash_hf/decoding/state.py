@@ -124,6 +124,8 @@ class SpeculativeBatch(BatchMembership):
         if isinstance(self.policy, GoodputVerifyLength):
             if self.policy.cost_model is None:
                 self.policy.cost_model = self.state.cost_model
+            if self.policy.drafter_cost is None:
+                self.policy.drafter_cost = self.state.drafter_cost
             self.policy.ragged = self.ragged
         self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
         self.compact_min_slots, self.observer = compact_min_slots, observer

@@ -1,5 +1,6 @@
-"""Rows whose drafts are rarely accepted fall back to plain first (RowTrust), and the guard's tail check holds a
-batch size where speculation pays on average but slows the rows it helps least."""
+"""Rows whose drafts are rarely accepted fall back to plain first (RowTrust), no row runs slower than plain by more
+than the slowdown bound, and the guard's tail check holds a batch size where speculation pays on average but slows
+the rows it helps least."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _two_row_policy(**kwargs) -> GoodputVerifyLength:
 
 
 def test_a_row_whose_drafts_keep_failing_verifies_only_its_anchor_while_the_other_keeps_drafting():
-    policy = _two_row_policy(caps=())
+    policy = _two_row_policy(caps=(), max_row_slowdown=None)  # trust alone (the bound would also trim the good row)
     rates = torch.full((2, 4), 0.7)
     assert choose_verify_lens(policy, rates, None, None, ["good", "bad"]).tolist() == [5, 5]  # same estimates
     for _ in range(12):
@@ -76,7 +77,7 @@ def test_a_row_whose_drafts_keep_failing_verifies_only_its_anchor_while_the_othe
 
 
 def test_a_fixed_length_arm_leaves_out_rows_whose_first_draft_is_hardly_ever_accepted():
-    policy = _two_row_policy(caps=(3,))
+    policy = _two_row_policy(caps=(3,), max_row_slowdown=None)  # the arm alone
     policy.trust.sums["bad"] = [0.0, 40.0]  # trust 2 / 42
     policy._round_cap = 3
     lengths = policy.verify_lens(torch.full((2, 4), 0.7), None, None, rows=["good", "bad"])
@@ -153,3 +154,65 @@ def test_the_engine_passes_row_ids_to_policies_that_take_them():
     report_round(Rows(), torch.zeros(2), torch.ones(2), 0.1, True, ["x", "y"])
     choose_verify_lens(Old(), torch.zeros(2, 3), None, None, ["x", "y"])
     assert seen == [("choose", ["x", "y"]), ("update", ["x", "y"]), "old"]
+
+
+def _linear_cost(rows: int, per_token: float = 0.01, base: float = 0.1) -> VerifyCostModel:
+    """A ragged cost table at ``rows`` rows: base seconds plus per_token per new token (a plain step: rows tokens)."""
+    cost = VerifyCostModel()
+    for tokens in (rows, 4 * rows, 8 * rows):
+        cost.update(tokens, base + per_token * tokens, rows=rows, ragged=True)
+    return cost
+
+
+def _slowdown(lengths, rates, cost, overhead=0.0) -> float:
+    """(overhead + cost of the round) / cost of a plain step / the least-served row's expected tokens."""
+    rows = len(lengths)
+    gains = rates.cumprod(-1)
+    expected = torch.tensor([1 + float(gains[i, : int(n) - 1].sum()) for i, n in enumerate(lengths)])
+    total = int(sum(int(n) for n in lengths))
+    return (overhead + cost.cost_ragged(rows, total)) / cost.cost_ragged(rows, rows) / float(expected.min())
+
+
+def test_the_slowdown_bound_keeps_every_row_within_it_dropping_the_least_likely_drafts_first():
+    from adaflash_hf.decoding.goodput import ragged_verify_lens, within_slowdown
+
+    cost = _linear_cost(4, per_token=0.001)
+    rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])  # row 3's drafts are hopeless
+    chosen = torch.tensor([7, 7, 7, 2])
+    assert _slowdown(chosen, rates, cost) > 1.05  # row 3 gains 1.05 tokens from a round 1.5x a plain step
+    bounded = within_slowdown(chosen, rates, cost, 1.05)
+    assert _slowdown(bounded, rates, cost) <= 1.05
+    assert (bounded <= chosen).all() and bounded.sum() > 4  # trimmed, not switched off
+    # the most drafts that meet the bound: adding back the likeliest dropped draft breaks it
+    gains = rates.cumprod(-1)
+    dropped = [(float(gains[i, int(bounded[i]) - 1]), i) for i in range(4) if bounded[i] < chosen[i]]
+    _, row = max(dropped)
+    wider = bounded.clone()
+    wider[row] += 1
+    assert _slowdown(wider, rates, cost) > 1.05
+    # rows that all gain clear the bound untouched; a round whose proposal alone broke it keeps the fewest drafts
+    # that come closest (more drafts for the least-served row lower its slowdown)
+    good = torch.tensor([[0.9] * 6] * 4)
+    assert within_slowdown(ragged_verify_lens(good, cost), good, cost, 1.05).equal(ragged_verify_lens(good, cost))
+    closest = within_slowdown(chosen, rates, cost, 1.05, overhead=1.0)
+    assert _slowdown(closest, rates, cost, 1.0) == pytest.approx(
+        min(_slowdown(torch.tensor(c), rates, cost, 1.0) for c in ([1, 1, 1, 1], closest.tolist()))
+    )
+    single = within_slowdown(torch.tensor([7]), rates[:1], cost, 1.05)  # one row delays no one
+    assert single.tolist() == [7]
+
+
+def test_the_policy_bounds_each_rows_slowdown_in_batches_and_counts_the_drafters_pass():
+    cost = _linear_cost(4, per_token=0.001)
+    rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=())
+    free = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=None)
+    unbounded = free.verify_lens(rates, None)
+    assert _slowdown(unbounded, rates, cost) > 1.05  # the goodput choice alone serves row 3 badly
+    lengths = bounded.verify_lens(rates, None)
+    assert _slowdown(lengths, rates, cost) <= 1.05 and lengths.sum() < unbounded.sum()
+    # a drafter pass that costs half a plain step leaves room for fewer drafts
+    bounded.drafter_cost = lambda rows: 0.5 * cost.cost_ragged(rows, rows)
+    with_drafter = bounded.verify_lens(rates, torch.zeros(4, 6, 8))  # the drafter proposed this round
+    assert with_drafter.sum() <= lengths.sum()
+    assert bounded.verify_lens(rates, None).equal(lengths)  # look-ups only: no drafter pass to count
