@@ -514,7 +514,7 @@ TABLES: dict[str, Table] = {
     "batch1_smollm2": Table(lambda: batch1("batch1/smollm2-135m.json"), ("batch1/smollm2-135m.json",)),
     "batch1_qwen": Table(lambda: batch1("batch1/qwen2.5-coder-1.5b.json"), ("batch1/qwen2.5-coder-1.5b.json",)),
     "serving_smollm2": Table(
-        lambda: serving("serving/smollm2-135m-validation.json"), ("serving/smollm2-135m-validation.json",)
+        lambda: serving("serving/smollm2-135m-validation-bound.json"), ("serving/smollm2-135m-validation-bound.json",)
     ),
     "opd_smollm2": Table(lambda: opd("opd/smollm2-135m.json"), ("opd/smollm2-135m.json",)),
     "serving_deployment": Table(
