@@ -4,10 +4,15 @@ it would have read had it never been held, and outputs stay the target's own."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength, GoodputVerifyLength
+from adaflash_hf.decoding import learning as learning_module
+from adaflash_hf.decoding import membership as membership_module
+from adaflash_hf.decoding import state as state_module
 from adaflash_hf.decoding.ngram_index import NGramIndex
 from adaflash_hf.decoding.proposers import drafter as drafter_module
 from adaflash_hf.decoding.proposers.datastore import DatastoreProposer
@@ -98,6 +103,11 @@ def drafter_contexts(target, drafter, prompts, budgets, drafting, eager: bool, m
                 self.add(row, hidden[i : i + 1], pos[i : i + 1]) for i, row in enumerate(rows)
             ],
         )
+    # A clock that ticks once per reading: the choices that weigh measured seconds (which source pays, when the
+    # drafter runs) are then the same in both runs, so any difference in what the drafter read is the commit's.
+    ticks = itertools.count()
+    for module in (state_module, learning_module, drafter_module, membership_module):
+        monkeypatch.setattr(module, "timer", lambda device: next(ticks) * 1e-3)
     read = []
     real = drafter_module.draft_block
 
