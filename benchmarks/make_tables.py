@@ -343,10 +343,13 @@ def quality(path: str) -> tuple[list[str], list[str]]:
     return table(header, rows), [path]
 
 
-TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run)
-    ("training/smollm2-135m-metrics.jsonl", "shipped run"),
-    ("training/smollm2-135m-continuation-metrics.jsonl", "warm-started continuation"),
+TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its torch threads)
+    ("training/smollm2-135m-metrics.jsonl", "shipped run", 1),
+    ("training/smollm2-135m-continuation-metrics.jsonl", "warm-started continuation", 1),
+    ("training/smollm2-135m-cached-responses-metrics.jsonl", "cached features, responses", 1),
+    ("training/smollm2-135m-cached-mixed-metrics.jsonl", "cached features, responses + corpus", 1),
 )
+MAX_EVALS_SHOWN = 12  # a longer run shows step 0, the first evaluation past each doubling of steps, and its last
 
 
 def nearest(by_step: dict[int, float], step: int) -> float:
@@ -354,21 +357,35 @@ def nearest(by_step: dict[int, float], step: int) -> float:
     return by_step[min(by_step, key=lambda s: abs(s - step))] if by_step else 0.0
 
 
+def thinned(evals: list[dict]) -> list[dict]:
+    """Up to about MAX_EVALS_SHOWN evaluations of a run, spaced by doubling steps (the curve is read on a log scale)."""
+    by_step = {e["step"]: e for e in evals}  # the last step is evaluated again after the loop: keep one
+    steps = sorted(by_step)
+    if len(steps) <= MAX_EVALS_SHOWN:
+        return [by_step[s] for s in steps]
+    first = next((s for s in steps if s > 0), steps[-1])
+    keep, mark = {steps[0], steps[-1]}, first
+    while mark <= steps[-1]:
+        keep.add(next(s for s in steps if s >= mark))
+        mark *= 2
+    return [by_step[s] for s in sorted(keep)]
+
+
 def training_scaling() -> tuple[list[str], list[str]]:
-    """Held-out τ of the SmolLM2-135M drafter at each evaluation against supervised tokens and CPU-minutes."""
+    """Held-out τ of the SmolLM2-135M drafter at evaluations against supervised tokens and CPU-hours."""
     rows, paths = [], []
-    for path, label in TRAINING_RUNS:
+    for path, label, threads in TRAINING_RUNS:
+        if not (BENCHMARKS / path).exists():
+            continue
         records = load_jsonl(path)
         tokens_at = {r["step"]: r["tokens_seen"] for r in records if r["kind"] == "train"}
-        for r in records:
-            if r["kind"] == "eval":
-                accept = " ".join(f"{a:.2f}" for a in r["position_acceptance"][:4])
-                tokens = nearest(tokens_at, r["step"]) if r["step"] else 0.0
-                rows.append(
-                    [label, str(r["step"]), f"{r['minutes']:.1f}", f"{tokens / 1e6:.2f}", f"{r['tau']:.3f}", accept]
-                )
+        for r in thinned([r for r in records if r["kind"] == "eval"]):
+            accept = " ".join(f"{a:.2f}" for a in r["position_acceptance"][:4])
+            tokens = nearest(tokens_at, r["step"]) if r["step"] else 0.0
+            hours = r["minutes"] * threads / 60
+            rows.append([label, str(r["step"]), f"{hours:.2f}", f"{tokens / 1e6:.2f}", f"{r['tau']:.3f}", accept])
         paths.append(path)
-    header = ["run", "step", "minutes", "supervised tokens (M)", "held-out τ", "a_1 … a_4"]
+    header = ["run", "step", "CPU-hours", "supervised tokens (M)", "held-out τ", "a_1 … a_4"]
     return table(header, rows), paths
 
 
@@ -527,7 +544,7 @@ TABLES: dict[str, Table] = {
     ),
     "soak_opd": Table(soak, tuple(path for path, _ in SOAK_RUNS)),
     "quality": Table(lambda: quality("quality/qwen2.5-coder-1.5b.json"), ("quality/qwen2.5-coder-1.5b.json",)),
-    "training_scaling": Table(training_scaling, tuple(path for path, _ in TRAINING_RUNS)),
+    "training_scaling": Table(training_scaling, tuple(path for path, _, _ in TRAINING_RUNS)),
     "profile_smollm2": Table(lambda: profile("profile/smollm2-135m.json"), ("profile/smollm2-135m.json",)),
     "drafter_runs": Table(lambda: drafter_runs("training/drafter_runs.json"), ("training/drafter_runs.json",)),
     "training_throughput": Table(

@@ -145,8 +145,8 @@ class TrainDrafterConfig:
     self_gen_cached_only: bool = field(
         default=False,
         metadata={
-            "help": "Train on the self-generated responses already cached (e.g. by adaflash generate-data), "
-            "generating none."
+            "help": "Train on every self-generated response already cached under DATA_DIR/train (all prompt "
+            "sets adaflash generate-data wrote: greedy, sampled, your own prompts), generating none."
         },
     )
     draft_vocab_size: int | None = field(

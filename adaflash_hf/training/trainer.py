@@ -38,6 +38,7 @@ from .data import (
     Batch,
     TargetFeatures,
     TrainingSequence,
+    _read_shard,
     collate,
     generate_responses,
     pack_corpus,
@@ -177,6 +178,14 @@ def train_drafter(
             store = FeatureStore(config.feature_cache)
             pools = {kind: store.indices(kind) for kind in ("response", "corpus")}  # pool index -> store index
             self_gen = [store.training_sequence(i) for i in pools["response"]]
+        elif config.corpus_fraction < 1.0 and config.self_gen_cached_only:
+            # every prompt set cached under DATA_DIR/train, as cache-features reads them
+            from .features import source_shards
+
+            try:
+                self_gen = [s for shard in source_shards(data_dir) for s in _read_shard(shard)]
+            except FileNotFoundError as e:
+                raise ValueError(f"{e} Or drop --self-gen-cached-only.") from None
         elif config.corpus_fraction < 1.0:
             train_prompts = load_prompts(
                 config.train_domains,
@@ -189,14 +198,8 @@ def train_drafter(
                 tokenizer,
                 list(train_prompts["prompt"]),
                 data_dir / "train",
-                cached_only=config.self_gen_cached_only,
                 **gen_kwargs,
             )
-            if not self_gen:
-                raise ValueError(
-                    f"no self-generated responses cached in {data_dir / 'train'}: run adaflash generate-data first, "
-                    "or drop --self-gen-cached-only."
-                )
     corpus: list[TrainingSequence] = []
     if config.corpus_fraction > 0.0 and store is not None and pools["corpus"]:
         # corpus windows cached beside the responses (cache-features --corpus): they replace live corpus text

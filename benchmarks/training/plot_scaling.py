@@ -1,12 +1,13 @@
 """Scaling curve of the SmolLM2-135M drafter: held-out tau against supervised tokens and CPU-hours.
 
-Usage: python benchmarks/training/plot_scaling.py RUN_METRICS.jsonl [CONTINUATION_METRICS.jsonl] \\
+Usage: python benchmarks/training/plot_scaling.py RUN_METRICS.jsonl [CONTINUATION_METRICS.jsonl ...] \\
     --out benchmarks/training/smollm2-135m-scaling.png
 
-Each ``metrics.jsonl`` is what ``adaflash train-drafter`` logs. A continuation run (``--init-from``)
-restarts its counters at 0, so it is drawn after the run it continued (its tokens and minutes are
-offset by that run's totals). Each run evaluates on its own held-out split, so a continuation's step-0
-point (the same drafter) shows the offset between the two splits.
+Each ``metrics.jsonl`` is what ``adaflash train-drafter`` logs. The first is the run that produced the starting
+drafter; every later one continued it (``--init-from``) and restarts its counters at 0, so it is drawn after that
+run (its tokens and minutes offset by the first run's totals, CPU-hours by its ``--num-threads``). Each run
+evaluates on its own held-out split, so a continuation's step-0 point (the same drafter) shows the offset between
+the two splits.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="metrics.jsonl of a run, then of runs that continued it")
     parser.add_argument("--labels", nargs="*", default=None)
+    parser.add_argument(
+        "--threads", nargs="*", type=int, default=None, help="torch threads of each run (default: 1 each)"
+    )
     parser.add_argument("--out", default="benchmarks/training/smollm2-135m-scaling.png")
     args = parser.parse_args()
 
@@ -43,19 +47,21 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, (by_tokens, by_hours) = plt.subplots(1, 2, figsize=(11, 4))
-    offset_tokens = offset_minutes = 0.0
+    offset_tokens = offset_hours = 0.0
     for i, path in enumerate(args.runs):
         points, total_tokens, total_minutes = read_curve(path)
         label = args.labels[i] if args.labels and i < len(args.labels) else path.parent.name
+        threads = args.threads[i] if args.threads and i < len(args.threads) else 1
         xs = [(offset_tokens + t) / 1e6 for t, _, _ in points]
-        hours = [(offset_minutes + m) / 60 for _, m, _ in points]
+        hours = [offset_hours + m * threads / 60 for _, m, _ in points]
         taus = [tau for _, _, tau in points]
-        by_tokens.plot(xs, taus, marker="o", label=label)
-        by_hours.plot(hours, taus, marker="o", label=label)
-        offset_tokens += total_tokens
-        offset_minutes += total_minutes
+        marker = "o" if len(points) <= 30 else None
+        by_tokens.plot(xs, taus, marker=marker, label=label)
+        by_hours.plot(hours, taus, marker=marker, label=label)
+        if i == 0:  # the later runs continue the first
+            offset_tokens, offset_hours = total_tokens, total_minutes * threads / 60
     by_tokens.set_xlabel("supervised tokens (millions)")
-    by_hours.set_xlabel("CPU-hours (one core)")
+    by_hours.set_xlabel("CPU-hours")
     for ax in (by_tokens, by_hours):
         ax.set_ylabel("held-out tau (teacher-forced)")
         ax.grid(alpha=0.3)
