@@ -172,7 +172,6 @@ def generate_responses(
     target_name: str = "",
     drafter=None,
     max_minutes: float | None = None,
-    cached_only: bool = False,
     temperature: float = 0.0,
     sample_index: int = 0,
 ) -> list[TrainingSequence]:
@@ -184,8 +183,7 @@ def generate_responses(
     only the rest. A sequence is ``prompt + response`` up to and including the first EOS, with
     ``start`` = prompt length. With ``drafter``, generation runs through adaflash-hf's batched
     speculative engine (the target's own greedy tokens, faster). ``max_minutes`` stops generating
-    after the shard that crosses the budget; ``cached_only`` generates nothing. Either returns what is
-    cached so far (a later call resumes).
+    after the shard that crosses the budget and returns what is cached so far (a later call resumes).
     """
     from .. import __version__
 
@@ -221,7 +219,7 @@ def generate_responses(
             bar.update(len(indices))
             continue
         out_of_time = max_minutes is not None and (time.perf_counter() - start_time) / 60 >= max_minutes
-        if cached_only or out_of_time:
+        if out_of_time:
             continue
         shard_start = time.perf_counter()
         decoding = dict(do_sample=False)

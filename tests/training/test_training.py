@@ -451,3 +451,18 @@ def test_generate_data_samples_several_answers_per_prompt_reproducibly(tmp_path)
         GenerateDataConfig(data_dir=str(tmp_path), samples_per_prompt=2)
     with pytest.raises(ValueError, match="temperature"):
         GenerateDataConfig(data_dir=str(tmp_path), temperature=-1.0)
+
+
+def test_training_on_cached_answers_only_needs_some(tmp_path):
+    target, tokenizer = chat_target(layers=2)
+    config = TrainDrafterConfig(
+        output_dir=str(tmp_path / "run"),
+        **TINY_RUN,
+        **TINY_EVAL,
+        corpus_fraction=0.0,
+        data_dir=str(tmp_path / "data"),
+        self_gen_cached_only=True,
+        max_steps=1,
+    )
+    with pytest.raises(ValueError, match="no self-generated responses under .*generate-data.*--self-gen-cached-only"):
+        train_drafter(config, target, tokenizer)
