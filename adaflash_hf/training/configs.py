@@ -142,6 +142,13 @@ class TrainDrafterConfig:
             "precedence."
         },
     )
+    add_layers: int = field(
+        default=0,
+        metadata={
+            "help": "Append this many fresh layers to the --init-from drafter, their output projections zeroed so "
+            "the deeper drafter starts as the same function (and the same held-out tau) and learns from there."
+        },
+    )
     self_gen_cached_only: bool = field(
         default=False,
         metadata={
@@ -189,6 +196,13 @@ class TrainDrafterConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.add_layers < 0:
+            raise ValueError(f"add_layers must be >= 0, got {self.add_layers}.")
+        if self.add_layers and self.init_from is None:
+            raise ValueError(
+                "add_layers grows a trained drafter: pass --init-from (a folder, a Hub id or 'auto'), or set "
+                "--num-layers for a fresh one."
+            )
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (anchor + at least one mask), got {self.block_size}.")
         if self.gamma is None:

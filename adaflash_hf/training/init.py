@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..configuration_adaflash import default_target_layer_ids
-from ..modeling_adaflash import AdaFlashDrafter
+from ..modeling_adaflash import AdaFlashDecoderLayer, AdaFlashDrafter
 from .configs import CONTEXT_LAYERS, TrainDrafterConfig
 from .data import TrainingSequence, collate
 
@@ -107,6 +107,30 @@ def init_from_target(
     return copied
 
 
+@torch.no_grad()
+def grow_drafter(drafter: AdaFlashDrafter, add_layers: int) -> None:
+    """Append ``add_layers`` fresh decoder layers to ``drafter`` (in place), each starting as the identity.
+
+    A new layer's attention and MLP outputs are zero at the start (their output projections are zeroed, the
+    rest initialised as usual), so each adds nothing to the residual stream: the grown drafter proposes exactly
+    what the trained one did, and training moves on from its accuracy instead of from scratch. The output
+    projections receive gradients at once (their inputs are not zero), the layers' other weights from the
+    next step on.
+    """
+
+    reference = drafter.fc.weight
+    first = drafter.config.num_hidden_layers
+    drafter.config.num_hidden_layers = first + add_layers
+    for index in range(first, first + add_layers):
+        layer = AdaFlashDecoderLayer(drafter.config, index)
+        layer.apply(drafter._init_weights)
+        for projection in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            projection.weight.zero_()
+            if projection.bias is not None:
+                projection.bias.zero_()
+        drafter.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
+
+
 def build_drafter(
     config: TrainDrafterConfig,
     target: PreTrainedModel,
@@ -147,6 +171,9 @@ def build_drafter(
                 f"--init-from {config.init_from} has block size {drafter.config.block_size}, but the run uses "
                 f"--block-size {config.block_size}: pass --block-size {drafter.config.block_size}."
             )
+        if config.add_layers:
+            grow_drafter(drafter, config.add_layers)
+            drafter.requires_grad_(True)
         logger.info(
             "initialised from %s: %d layers, block %d, context layers %s",
             config.init_from,

@@ -367,6 +367,38 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
         )
 
 
+def test_grown_drafter_starts_as_the_same_function_and_saves_its_new_depth(tmp_path):
+    from adaflash_hf.training.init import grow_drafter
+
+    target, tokenizer = chat_target(layers=4)
+    torch.manual_seed(0)
+    drafter = AdaFlashDrafter.from_target(target, 1, 4).float().eval()
+    hidden = drafter.config.hidden_size
+    noise = torch.randn(2, 4, hidden)
+    context = torch.randn(2, 6, len(drafter.config.target_layer_ids) * hidden)
+    positions = torch.arange(10).expand(2, -1)
+    before = drafter(noise, context, position_ids=positions).last_hidden_state
+    grow_drafter(drafter, 2)
+    assert drafter.config.num_hidden_layers == 3 and len(drafter.layers) == 3
+    assert torch.equal(drafter(noise, context, position_ids=positions).last_hidden_state, before)
+    assert drafter.layers[2].self_attn.q_proj.weight.abs().sum() > 0  # only the output projections start at zero
+
+    common = dict(**TINY_RUN, corpus_fraction=1.0, corpus_limit_per_domain=4, **TINY_EVAL, max_steps=2)
+    first = train_drafter(TrainDrafterConfig(output_dir=str(tmp_path / "a"), **common), target, tokenizer)
+    grown = train_drafter(
+        TrainDrafterConfig(output_dir=str(tmp_path / "b"), init_from=str(first), add_layers=2, **common),
+        target,
+        tokenizer,
+    )
+    reloaded = AdaFlashDrafter.from_pretrained(grown)
+    assert reloaded.config.num_hidden_layers == 3
+    assert reloaded.layers[2].mlp.down_proj.weight.abs().sum() > 0  # the new layers trained
+    with pytest.raises(ValueError, match="--init-from"):
+        TrainDrafterConfig(output_dir="x", add_layers=1)
+    with pytest.raises(ValueError, match="add_layers must be >= 0"):
+        TrainDrafterConfig(output_dir="x", init_from="auto", add_layers=-1)
+
+
 def saved_tiny_target(folder):
     """A tiny target with the byte tokenizer, saved to ``folder`` so commands can load it by path."""
     target, tokenizer = chat_target(layers=2)
