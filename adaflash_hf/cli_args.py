@@ -171,23 +171,37 @@ def dataclass_from_args(cls, args: argparse.Namespace):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def command_line(command: str, config) -> str:
-    """The ``adaflash <command>`` line that rebuilds dataclass ``config`` (non-default fields only)."""
+def command_line(command: str, config, values: dict | None = None) -> str:
+    """The ``adaflash <command>`` line that rebuilds dataclass ``config`` (non-default fields only).
+
+    With ``values``, ``config`` is the dataclass itself and ``values`` its fields as recorded (e.g. a run's
+    recipe): the line is rendered without building, and so without validating, a config; keys that are no
+    longer fields are left out."""
     parts = [f"adaflash {command}"]
     for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
+        if values is not None and f.name not in values:
+            continue
+        value = values[f.name] if values is not None else getattr(config, f.name)
         if value == _field_default(f):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.metadata.get("positional"):
-            parts.append(shlex.quote(str(value)))
+            parts.append(_shell_word(value))
         elif isinstance(value, bool):
             parts.append(flag if value else "--no-" + f.name.replace("_", "-"))
         elif isinstance(value, list | tuple):
             parts.append(f"{flag} " + " ".join(map(str, value)))
         elif value is not None:
-            parts.append(f"{flag} {shlex.quote(str(value))}")
+            parts.append(f"{flag} {_shell_word(value)}")
     return " ".join(parts)
+
+
+def _shell_word(value) -> str:
+    """``value`` quoted for a POSIX shell, a leading ``~/`` left outside the quotes so the shell still expands it."""
+    text = str(value)
+    if text.startswith("~/"):
+        return "~/" + shlex.quote(text[2:]) if text[2:] else "~/"
+    return shlex.quote(text)
 
 
 def encode_prompt(tokenizer, prompt: str, raw: bool = False):

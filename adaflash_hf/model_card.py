@@ -209,7 +209,7 @@ def drafter_card(
         supervised_tokens_seen=summary.get("supervised_tokens_seen"),
         init_from_line=init_from,
         wall_time_line=_wall_time_line(summary),
-        command=command_line("train-drafter", TrainDrafterConfig(**recipe)),
+        command=command_line("train-drafter", TrainDrafterConfig, recipe),
         measured="\n\n".join(measured),
         notes=_fill("drafter", "notes", notes="\n".join(f"- {note}" for note in notes)) if notes else "",
     )
@@ -353,7 +353,7 @@ def length_head_card(config: dict, summary: dict, name: str | None = None) -> Mo
         head_per_position=head["log_loss_per_position"],
         engine_per_position=engine["log_loss_per_position"],
         at_risk_per_position=head["at_risk_per_position"],
-        command=command_line("train-length-head", TrainLengthHeadConfig(**recipe)),
+        command=command_line("train-length-head", TrainLengthHeadConfig, recipe),
     )
     return _card(data, body)
 

@@ -153,6 +153,23 @@ def test_drafter_card_carries_metadata_results_and_command(tmp_path):
     assert "model-index" not in card.data.to_dict()  # no measured tau, no result
 
 
+def test_card_of_a_run_whose_caches_are_gone_still_renders_a_command_the_shell_expands(tmp_path):
+    """A card is rendered where the run's feature cache and starting drafter no longer exist (a clean clone, CI):
+    the recorded recipe becomes the command line as it was, ``~/`` paths unquoted, retired fields left out."""
+    import shlex
+    from dataclasses import asdict
+
+    recipe = asdict(TrainDrafterConfig(output_dir="runs/x"))
+    recipe.update(feature_cache="~/gone/feature cache", init_from="~/runs/a/drafter", lr=1e-3, retired_field=3)
+    summary = {"recipe": recipe, "steps": 10, "held_out_teacher_forced": {"tau": 1.8, "position_acceptance": [0.5]}}
+    card = ModelCard.load(write_model_card(_drafter_folder(tmp_path, summary)))
+    line = next(line for line in card.text.splitlines() if line.startswith("adaflash train-drafter"))
+    assert "--feature-cache ~/'gone/feature cache'" in line and "--init-from ~/runs/a/drafter" in line
+    words = shlex.split(line)
+    assert words[words.index("--feature-cache") + 1] == "~/gone/feature cache"  # one word, tilde outside quotes
+    assert words[words.index("--lr") + 1] == "0.001" and "retired" not in line
+
+
 def test_card_without_a_training_summary_says_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="training_summary.json is missing"):
         write_model_card(tmp_path)

@@ -34,6 +34,7 @@ def run_record(label: str, folder: Path) -> dict:
         "block_size",
         "init_layers",
         "init_from",
+        "add_layers",
         "lr",
         "num_anchors",
         "draft_vocab_size",
@@ -43,11 +44,35 @@ def run_record(label: str, folder: Path) -> dict:
         "num_threads",
         "seed",
     )
+    config_path = folder / "drafter" / "config.json"
+    layers = (
+        json.loads(config_path.read_text())["num_hidden_layers"]
+        if config_path.exists()
+        else (recipe.get("num_layers") or 0) + (recipe.get("add_layers") or 0) or None
+    )
     return {
         "label": label,
         "run": folder.name,
+        "layers": layers,
         "recipe": {k: recipe.get(k) for k in keep},
         "evaluations": [{k: e[k] for k in ("step", "minutes", "tau", "position_acceptance")} for e in evals],
+    }
+
+
+def engine_record(path: Path) -> dict:
+    """The drafter alone through transformers' DFlash path (method dflash-builtin, all domains) in a bench JSON."""
+    bench = json.loads(path.read_text())
+    rows = {(r["method"], r["domain"]): r for r in bench["results"]}
+    row = rows.get(("dflash-builtin", "all"))
+    if row is None:
+        raise SystemExit(f"error: {path} has no dflash-builtin row: run adaflash bench --methods target,dflash-builtin")
+    return {
+        "bench_json": str(path),
+        "tau": row["mean_accepted_length"],
+        "speedup": row["speedup"],
+        "tokens_per_second": row["tokens_per_second"],
+        "num_prompts": sum(r["num_prompts"] for (m, d), r in rows.items() if m == "dflash-builtin" and d != "all"),
+        "machine": bench.get("provenance", {}).get("machine"),
     }
 
 
@@ -58,13 +83,29 @@ def main() -> None:
         "--machine", required=True, help="The machine the runs trained on, as the table should name it."
     )
     parser.add_argument("--output", default=str(HERE / "drafter_runs.json"))
+    parser.add_argument(
+        "--engine",
+        nargs="*",
+        default=[],
+        metavar="LABEL=BENCH_JSON",
+        help="An `adaflash bench` JSON with a dflash-builtin row for the run LABEL: its drafter-alone τ and "
+        "speed-up over plain decoding join the run's record.",
+    )
     args = parser.parse_args()
+    engines = {}
+    for item in args.engine:
+        label, _, path = item.partition("=")
+        if not path:
+            raise SystemExit(f"error: --engine {item!r}: give LABEL=BENCH_JSON")
+        engines[label] = engine_record(Path(path))
     records = []
     for item in args.runs:
         label, _, folder = item.partition("=")
         if not folder:
             raise SystemExit(f"error: {item!r}: give LABEL=FOLDER")
         records.append(run_record(label, Path(folder)))
+        if label in engines:
+            records[-1]["engine"] = engines[label]
     print("| run | held-out τ by step | acceptance at positions 1-3 (last evaluation) |")
     print("|---|---|---|")
     for r in records:

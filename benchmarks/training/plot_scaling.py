@@ -1,13 +1,13 @@
 """Scaling curve of the SmolLM2-135M drafter: held-out tau against supervised tokens and CPU-hours.
 
 Usage: python benchmarks/training/plot_scaling.py RUN_METRICS.jsonl [CONTINUATION_METRICS.jsonl ...] \\
-    --out benchmarks/training/smollm2-135m-scaling.png
+    [--continues -1 0 1 ...] --out benchmarks/training/smollm2-135m-scaling.png
 
 Each ``metrics.jsonl`` is what ``adaflash train-drafter`` logs. The first is the run that produced the starting
-drafter; every later one continued it (``--init-from``) and restarts its counters at 0, so it is drawn after that
-run (its tokens and minutes offset by the first run's totals, CPU-hours by its ``--num-threads``). Each run
-evaluates on its own held-out split, so a continuation's step-0 point (the same drafter) shows the offset between
-the two splits.
+drafter; every later one continued a run before it (``--init-from``; the first unless ``--continues`` names
+another) and restarts its counters at 0, so it is drawn after that run (its tokens and CPU-hours offset by that
+run's end, CPU-hours counted with each run's ``--num-threads``). Each run evaluates on its own held-out split, so
+a continuation's step-0 point (the same drafter) shows the offset between the two splits.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ def main() -> None:
     parser.add_argument(
         "--threads", nargs="*", type=int, default=None, help="torch threads of each run (default: 1 each)"
     )
+    parser.add_argument(
+        "--continues",
+        nargs="*",
+        type=int,
+        default=None,
+        help="for each run, the 0-based position of the run it continued (-1: none; default: the first run)",
+    )
     parser.add_argument("--out", default="benchmarks/training/smollm2-135m-scaling.png")
     args = parser.parse_args()
 
@@ -47,19 +54,22 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, (by_tokens, by_hours) = plt.subplots(1, 2, figsize=(11, 4))
-    offset_tokens = offset_hours = 0.0
+    ends: list[tuple[float, float]] = []  # (tokens, CPU-hours) at the end of each run, offsets included
     for i, path in enumerate(args.runs):
         points, total_tokens, total_minutes = read_curve(path)
         label = args.labels[i] if args.labels and i < len(args.labels) else path.parent.name
         threads = args.threads[i] if args.threads and i < len(args.threads) else 1
+        parent = args.continues[i] if args.continues and i < len(args.continues) else (0 if i else -1)
+        if parent >= i:
+            raise SystemExit(f"error: --continues: run {i} can only continue an earlier run, not {parent}")
+        offset_tokens, offset_hours = ends[parent] if parent >= 0 else (0.0, 0.0)
+        ends.append((offset_tokens + total_tokens, offset_hours + total_minutes * threads / 60))
         xs = [(offset_tokens + t) / 1e6 for t, _, _ in points]
         hours = [offset_hours + m * threads / 60 for _, m, _ in points]
         taus = [tau for _, _, tau in points]
         marker = "o" if len(points) <= 30 else None
         by_tokens.plot(xs, taus, marker=marker, label=label)
         by_hours.plot(hours, taus, marker=marker, label=label)
-        if i == 0:  # the later runs continue the first
-            offset_tokens, offset_hours = total_tokens, total_minutes * threads / 60
     by_tokens.set_xlabel("supervised tokens (millions)")
     by_hours.set_xlabel("CPU-hours")
     for ax in (by_tokens, by_hours):
