@@ -348,6 +348,7 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
     ("training/smollm2-135m-continuation-metrics.jsonl", "warm-started continuation", 1),
     ("training/smollm2-135m-cached-responses-metrics.jsonl", "cached features, responses", 1),
     ("training/smollm2-135m-cached-mixed-metrics.jsonl", "cached features, responses + corpus", 1),
+    ("training/smollm2-135m-cached-responses-2-metrics.jsonl", "cached features, responses, continued again", 1),
 )
 MAX_EVALS_SHOWN = 12  # a longer run shows step 0, the first evaluation past each doubling of steps, and its last
 
@@ -505,7 +506,7 @@ def drafter_depth(path: str) -> tuple[list[str], list[str]]:
     data = load(path)
     runs = data["runs"]
     common = set.intersection(*({e["step"] for e in run["evaluations"]} for run in runs)) if runs else set()
-    marks = [s for s in sorted(common) if s and s % 4000 == 0]
+    marks = [s for s in sorted(common) if s and s % 2000 == 0]
     rows = []
     for run in runs:
         by_step = {e["step"]: e for e in run["evaluations"]}
@@ -529,7 +530,8 @@ def drafter_depth(path: str) -> tuple[list[str], list[str]]:
         "acceptance, positions 1-3",
         "drafter alone in the engine: τ (speed-up)",
     ]
-    return table(header, rows), [path]
+    engines = [run["engine"]["bench_json"].removeprefix("benchmarks/") for run in runs if run.get("engine")]
+    return table(header, rows), [path, *engines]
 
 
 def training_throughput(path: str) -> tuple[list[str], list[str]]:

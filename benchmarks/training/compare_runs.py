@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -76,6 +77,14 @@ def engine_record(path: Path) -> dict:
     }
 
 
+def shell_word(arg: str) -> str:
+    """``arg`` quoted for a POSIX shell, the home folder written as ``$HOME`` (so the command runs for anyone)."""
+    home = str(Path.home())
+    if home in arg and not any(c in arg for c in '"$`\\'):
+        return '"' + arg.replace(home, "$HOME") + '"'
+    return shlex.quote(arg)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="LABEL=FOLDER of each train-drafter run, in table order.")
@@ -114,7 +123,7 @@ def main() -> None:
         print(f"| {r['label']} | {curve} | {', '.join(f'{a:.2f}' for a in last)} |")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout
     provenance = {
-        "command": "python benchmarks/training/compare_runs.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/training/compare_runs.py", *map(shell_word, sys.argv[1:])]),
         "machine": args.machine,
         "code_commit": commit.strip() or "unknown",
         "date": time.strftime("%Y-%m-%d"),
