@@ -33,6 +33,8 @@ class DraftingState:
         self.policy = GoodputVerifyLength(cost_model=self.cost_model)
         self.drafter_value: float | None = None  # moving average of drafts a drafter block got accepted
         self.drafter_seconds: dict[int, float] = {}  # rows -> moving average of one drafter pass over that many rows
+        # proposed? -> rows -> moving average of a round's seconds outside its verify forward and drafter pass
+        self.round_extra_seconds: dict[bool, dict[int, float]] = {True: {}, False: {}}
         self.rounds_since_drafter = 0
         self.seeded = False  # whether a drafter's acceptance prior was added (once per state)
 
@@ -53,6 +55,26 @@ class DraftingState:
             old = self.drafter_seconds.get(rows)
             self.drafter_seconds[rows] = drafter_seconds if old is None else 0.8 * old + 0.2 * drafter_seconds
             keep_monotone(self.drafter_seconds, rows)
+
+    def observe_extra(self, rows: int, proposed: bool, seconds: float) -> None:
+        """Feed one round's seconds outside its verify forward and drafter pass (look-ups, the draft tree, accepting,
+        bookkeeping), for a round that ``proposed`` or a plain step of ``rows`` rows."""
+        table = self.round_extra_seconds[proposed]
+        old = table.get(rows)
+        table[rows] = max(0.0, seconds) if old is None else 0.8 * old + 0.2 * max(0.0, seconds)
+        keep_monotone(table, rows)
+
+    def proposal_overhead(self, rows: int) -> float | None:
+        """Estimated seconds a proposing round of ``rows`` rows spends beyond a plain step's, outside the verify
+        forward and the drafter's pass: the look-ups, the draft tree and their bookkeeping, which grow with the
+        rows and the candidates; None until both kinds of round were measured.
+
+        The verify cost model prices only the forward, so without this a batched round looks cheaper against a
+        plain step than it is (the row slowdown bound, :func:`~.goodput.within_slowdown`, adds it)."""
+        spec, plain = self.round_extra_seconds[True], self.round_extra_seconds[False]
+        if not spec or not plain:
+            return None
+        return max(0.0, interpolate(spec, rows) - interpolate(plain, rows))
 
     def drafter_cost(self, rows: int) -> float | None:
         """Estimated seconds of one drafter pass over ``rows`` rows: measured where that many rows drafted,

@@ -165,10 +165,12 @@ class GoodputVerifyLength:
       that arm's rounds;
     - the row slowdown bound (``max_row_slowdown``, :func:`~.goodput.within_slowdown`): in a batch of
       ``min_rows`` rows or more, whatever chose the lengths, drafts are dropped, least likely first, until the
-      round's estimated cost (the drafter's pass included, ``drafter_cost``, bound by the engine) over a plain
-      step's is at most ``max_row_slowdown`` times the expected tokens of the batch's least-served row. A row
-      gains at least one token per round, and every row waits for the whole round, so this bounds how much
-      slower than plain decoding any request runs, which is what sets tail latency under load. None: no bound.
+      round's estimated cost (the drafter's pass, ``drafter_cost``, and what a proposing round spends beyond a
+      plain step on look-ups, the draft tree and bookkeeping, ``proposal_overhead``, included; both measured and
+      bound by the engine) over a plain step's is at most ``max_row_slowdown`` times the expected tokens of the
+      batch's least-served row. A row gains at least one token per round, and every row waits for the whole
+      round, so this bounds how much slower than plain decoding any request runs, which is what sets tail
+      latency under load. None: no bound.
 
     Rows whose drafts are rarely accepted are rated by what they got (:class:`~.row_trust.RowTrust`), so their
     expected tokens, and with them the bound, follow the requests actually in the batch.
@@ -200,6 +202,7 @@ class GoodputVerifyLength:
     tail_rows: int = 64
     max_row_slowdown: float | None = 1.05
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
+    proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
     _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
     _round_rates: tuple | None = field(default=None, repr=False)  # (row ids, rates before RowTrust) of the round
@@ -310,7 +313,9 @@ class GoodputVerifyLength:
             and not self.guard.exploring  # an explored round re-measures wide forwards the held bucket forgot
         ):  # no request decodes slower than under plain steps by more than max_row_slowdown (its tail latency)
             drafter = self.drafter_cost(num_rows) if self.drafter_cost and draft_hidden_states is not None else None
-            lengths = within_slowdown(lengths, rates, cost_model, self.max_row_slowdown, drafter or 0.0, self.ragged)
+            extra = self.proposal_overhead(num_rows) if self.proposal_overhead else None
+            overhead = (drafter or 0.0) + (extra or 0.0)
+            lengths = within_slowdown(lengths, rates, cost_model, self.max_row_slowdown, overhead, self.ragged)
         return lengths
 
     def update(

@@ -126,6 +126,8 @@ class SpeculativeBatch(BatchMembership):
                 self.policy.cost_model = self.state.cost_model
             if self.policy.drafter_cost is None:
                 self.policy.drafter_cost = self.state.drafter_cost
+            if self.policy.proposal_overhead is None:
+                self.policy.proposal_overhead = self.state.proposal_overhead
             self.policy.ragged = self.ragged
         self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
         self.compact_min_slots, self.observer = compact_min_slots, observer

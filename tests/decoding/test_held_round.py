@@ -166,3 +166,48 @@ def test_pending_context_keeps_order_across_batch_chunks_and_reads_only_the_newe
     assert max(pending.widths.values()) <= 2 * pending.max_width
     hidden, pos, _ = pending.take(["a", "b"], 2, features)
     assert pos.tolist() == [list(range(16, 20))] * 2 and torch.equal(hidden[0], features[16:20])
+
+
+class AlternatingGoodput(GoodputVerifyLength):
+    """The adaptive default policy, proposing in every other round and holding plain steps in the rest."""
+
+    rounds = 0
+
+    def wants_drafts(self, rows: int) -> bool:
+        super().wants_drafts(rows)
+        self.rounds += 1
+        return self.rounds % 2 == 1
+
+
+def test_what_a_proposing_round_spends_beyond_a_plain_step_is_measured_for_the_slowdown_bound(
+    target, drafter, monkeypatch
+):
+    """Look-ups and the draft tree cost time the verify cost model does not price; the engine measures a proposing
+    round's time outside its forward and drafter pass against a plain step's and binds the estimate to the policy."""
+    import time
+
+    slow = 0.05
+    original = SuffixProposer.candidates
+
+    def slow_candidates(self, *args, **kwargs):
+        time.sleep(slow / 4)  # per row: four rows spend ``slow`` seconds a proposing round
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SuffixProposer, "candidates", slow_candidates)
+    prompts = random_prompts((6, 9, 4, 11), seed=7)
+    state = DraftingState()
+    policy = AlternatingGoodput()
+    batch = SpeculativeBatch(target, drafter, drafting_state=state, verify_policy=policy)
+    assert policy.proposal_overhead == state.proposal_overhead  # bound by the engine, like the drafter's cost
+    assert state.proposal_overhead(4) is None  # nothing measured yet
+    tokens: dict = {i: [] for i in range(len(prompts))}
+    updates = batch.add_rows([RowSpec(i, p, 12, stop_ids=frozenset()) for i, p in enumerate(prompts)])
+    while updates or len(batch):
+        for update in updates:
+            tokens[update.row_id].extend(update.tokens)
+        updates = batch.step() if len(batch) else []
+    for i, prompt in enumerate(prompts):  # outputs stay the target's own
+        assert tokens[i] == greedy_reference(target, prompt, 12, eos=False)[len(prompt) :]
+    measured = {proposed: set(table) for proposed, table in state.round_extra_seconds.items()}
+    assert all(measured.values()), measured  # both kinds of round were measured
+    assert state.proposal_overhead(4) >= 0.5 * slow  # the slow look-ups show, the verify forward does not

@@ -814,3 +814,20 @@ def test_load_drafter_attaches_the_prior_and_the_engine_starts_from_it(target, d
         drafting_state=state,
     )
     assert state.seeded and ("suffix", (0, 1, 1, True)) in state.estimator.seen
+
+
+def test_the_proposal_overhead_is_a_proposing_rounds_extra_time_over_a_plain_steps():
+    state = DraftingState()
+    state.observe_extra(4, True, 0.006)
+    assert state.proposal_overhead(4) is None  # no plain step measured to compare with
+    state.observe_extra(4, False, 0.001)
+    assert state.proposal_overhead(4) == pytest.approx(0.005)
+    state.observe_extra(16, True, 0.020)
+    state.observe_extra(16, False, 0.002)
+    assert state.proposal_overhead(4) < state.proposal_overhead(8) < state.proposal_overhead(16)  # interpolated
+    state.observe_extra(4, True, 0.001)  # a moving average: one cheap round moves the estimate a fifth of the way
+    assert state.proposal_overhead(4) == pytest.approx(0.8 * 0.006 + 0.2 * 0.001 - 0.001)
+    fresh = DraftingState()
+    fresh.observe_extra(2, True, 0.001)
+    fresh.observe_extra(2, False, 0.003)  # plain steps that happened to cost more
+    assert fresh.proposal_overhead(2) == 0.0  # never negative

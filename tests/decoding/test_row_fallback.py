@@ -216,3 +216,18 @@ def test_the_policy_bounds_each_rows_slowdown_in_batches_and_counts_the_drafters
     with_drafter = bounded.verify_lens(rates, torch.zeros(4, 6, 8))  # the drafter proposed this round
     assert with_drafter.sum() <= lengths.sum()
     assert bounded.verify_lens(rates, None).equal(lengths)  # look-ups only: no drafter pass to count
+
+
+def test_the_slowdown_bound_counts_what_look_ups_and_the_tree_cost():
+    cost = _linear_cost(4, per_token=0.001)
+    rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=())
+    lengths = bounded.verify_lens(rates, None)
+    assert lengths.sum() > 4  # some drafts fit the bound with the forward priced alone
+    overhead = 0.03 * cost.cost_ragged(4, 4)  # look-ups and the tree at 3 % of a plain step
+    assert _slowdown(lengths, rates, cost, overhead) > 1.05  # the lengths chosen without it break the bound
+    bounded.proposal_overhead = lambda rows: overhead
+    dear = bounded.verify_lens(rates, None)
+    assert dear.sum() < lengths.sum() and _slowdown(dear, rates, cost, overhead) <= 1.05
+    bounded.proposal_overhead = lambda rows: None  # not measured yet: the forward alone, as before
+    assert bounded.verify_lens(rates, None).equal(lengths)
