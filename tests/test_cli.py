@@ -286,6 +286,16 @@ def test_prepare_drafter_attaches_vocabulary_and_datastore_that_load_and_draft(m
     assert torch.equal(calibrated.draft_vocab, drafter.draft_vocab)
     assert calibrated.adaflash_acceptance_prior["prompts"] == 2 and calibrated.adaflash_acceptance_prior["entries"]
     assert calibrated.adaflash_datastore.num_tokens == 20 * 40  # the shipped datastore keeps every response
+    # sampled answers (generate-data --temperature) stay out of the datastore, the counts and the prior's prompts
+    sampled = tmp_path / "data" / "train" / "sampled"
+    sampled.mkdir()
+    _write_shard(sampled / "shard_00000.safetensors", [([5, 6] + [11, 12] * 10, 2) for _ in range(30)])
+    (sampled / "meta.json").write_text(json.dumps({"decoding": "sampled at temperature 0.7 (sample 0)"}))
+    main(
+        ["prepare-drafter", "--drafter", str(tmp_path / "calibrated"), "--output-dir", str(tmp_path / "again")]
+        + ["--data-dir", str(tmp_path / "data"), "--target", str(target_dir), "--keep-vocab"]
+    )
+    assert load_drafter(str(tmp_path / "again"), target).adaflash_datastore.num_tokens == 20 * 40
     assert (
         main(
             [

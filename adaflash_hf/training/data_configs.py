@@ -105,7 +105,8 @@ class PrepareDrafterConfig:
         default=None,
         metadata={
             "help": "Cached self-generated data (adaflash generate-data --data-dir): counts and the datastore come "
-            "from DATA_DIR/train, coverage from DATA_DIR/eval when present."
+            "from the greedy answers under DATA_DIR/train (sampled sets are left out), coverage from DATA_DIR/eval "
+            "when present."
         },
     )
     target: str = target_field("smollm2-135m", "for 'auto' and the special tokens")

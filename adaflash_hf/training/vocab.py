@@ -54,9 +54,19 @@ def coverage(vocab: torch.Tensor, counts: Counter) -> float:
     return sum(c for t, c in counts.items() if t in inside) / total if total else 0.0
 
 
-def read_cached_sequences(data_dir: str | Path) -> list[TrainingSequence]:
-    """Every sequence in the shard caches under ``data_dir`` (any prompt set, any target run)."""
-    return [s for path in sorted(Path(data_dir).rglob("shard_*.safetensors")) for s in _read_shard(path)]
+def read_cached_sequences(data_dir: str | Path, greedy_only: bool = False) -> list[TrainingSequence]:
+    """Every sequence in the shard caches under ``data_dir`` (any prompt set, any target run); ``greedy_only``: only
+    the sets of the target's greedy answers, leaving out sampled ones (``generate-data --temperature``)."""
+    paths = sorted(Path(data_dir).rglob("shard_*.safetensors"))
+    if greedy_only:
+        paths = [path for path in paths if _decoding(path.parent) == "greedy"]
+    return [s for path in paths for s in _read_shard(path)]
+
+
+def _decoding(folder: Path) -> str:
+    """How a cached prompt set's answers were decoded, from its ``meta.json`` (greedy where it does not say)."""
+    meta = folder / "meta.json"
+    return json.loads(meta.read_text()).get("decoding", "greedy") if meta.is_file() else "greedy"
 
 
 SIZES = (1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 49152, 65536)
@@ -113,7 +123,9 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
 
     target, tokenizer = load_target(config.target, dtype="bf16")
     drafter = load_drafter(config.drafter, target, target_name=config.target, datastore=False)  # rebuilt here
-    train = read_cached_sequences(Path(config.data_dir) / "train") if config.data_dir else []
+    # the target's greedy answers only: the datastore is matched against what greedy decoding will produce, and
+    # the acceptance prior's prompts are decoded greedily against their own greedy answers
+    train = read_cached_sequences(Path(config.data_dir) / "train", greedy_only=True) if config.data_dir else []
     responses = [s.input_ids[s.start :].tolist() for s in train]
     if not train and not config.corpus_tokens:
         raise ValueError(
