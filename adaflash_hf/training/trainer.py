@@ -279,12 +279,12 @@ def train_drafter(
         return rows_of(whole, rows), None, whole.label_mask
 
     # 4. Train: target features -> anchors -> drafter blocks -> weighted CE -> AdamW.
-    last_eval = start_eval = None
+    last_eval = None
     if state["step"] == 0 and processes.is_main and (config.init_from is not None or config.init_layers == "target"):
         last_eval = evaluate(raw_drafter, target, eval_sequences, config, pad_id, autocast)
         log({"kind": "eval", "step": 0, "minutes": 0.0, **last_eval})
         logger.info("init drafter: held-out tau %.3f", last_eval["tau"])
-        start_eval = last_eval
+        state["held_out_at_init"] = last_eval  # kept in checkpoints: a resumed run's summary still has it
     loop_start = time.perf_counter() - state["train_minutes"] * 60
     bar = tqdm(
         total=config.max_steps, initial=state["step"], desc="train drafter", unit="step", disable=not processes.is_main
@@ -414,7 +414,7 @@ def train_drafter(
         else {"dir": str(store.cache_dir), "tokens": store.num_tokens, "corpus_tokens": store.tokens_of("corpus")},
         "wall_minutes": wall_minutes(),  # summed over resumed processes
         "held_out_teacher_forced": final_eval,
-        "held_out_at_init": start_eval,
+        "held_out_at_init": state.get("held_out_at_init"),
         "engine_check": engine,
     }
     (final_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))

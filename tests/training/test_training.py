@@ -357,6 +357,20 @@ def test_init_from_continues_a_trained_drafter_with_a_reduced_draft_vocabulary(t
     assert 2 in after.draft_vocab.tolist()  # EOS is always draftable
     summary = json.loads((second / "training_summary.json").read_text())
     assert summary["held_out_at_init"]["tau"] >= 1.0 and summary["recipe"]["init_from"] == str(first)
+    resumed = train_drafter(  # two steps more: resumes from the checkpoint, and the summary keeps the start
+        TrainDrafterConfig(
+            output_dir=str(tmp_path / "b"),
+            init_from=str(first),
+            draft_vocab_size=40,
+            lr=1e-12,
+            **{**common, "max_steps": 4},
+        ),
+        target,
+        tokenizer,
+    )
+    assert (
+        json.loads((resumed / "training_summary.json").read_text())["held_out_at_init"] == summary["held_out_at_init"]
+    )
     for name, weight in before.state_dict().items():  # lr ~ 0: the run started from the first drafter's weights
         assert torch.allclose(weight.float(), after.state_dict()[name].float(), atol=1e-2), name
     with pytest.raises(ValueError, match="block size 4"):
