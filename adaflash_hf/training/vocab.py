@@ -59,7 +59,8 @@ def read_cached_sequences(data_dir: str | Path, greedy_only: bool = False) -> li
     the sets of the target's greedy answers, leaving out sampled ones (``generate-data --temperature``)."""
     paths = sorted(Path(data_dir).rglob("shard_*.safetensors"))
     if greedy_only:
-        paths = [path for path in paths if _decoding(path.parent) == "greedy"]
+        greedy = {folder for folder in {path.parent for path in paths} if _decoding(folder) == "greedy"}
+        paths = [path for path in paths if path.parent in greedy]
     return [s for path in paths for s in _read_shard(path)]
 
 
@@ -129,8 +130,9 @@ def run_prepare_drafter(config: PrepareDrafterConfig) -> int:
     responses = [s.input_ids[s.start :].tolist() for s in train]
     if not train and not config.corpus_tokens:
         raise ValueError(
-            f"no cached responses under {config.data_dir}/train: run `adaflash generate-data --data-dir "
-            f"{config.data_dir}` first, or count the target's predictions on corpus text with --corpus-tokens N."
+            f"no cached greedy responses under {config.data_dir}/train (sampled sets are not read here): run "
+            f"`adaflash generate-data --data-dir {config.data_dir}` first, or count the target's predictions on "
+            "corpus text with --corpus-tokens N."
         )
     held_out = read_cached_sequences(Path(config.data_dir) / "eval") if config.data_dir else []
     if train and not held_out:  # no eval cache: hold out every tenth training response

@@ -233,20 +233,25 @@ def test_serve_drains_on_a_signal_and_stops_the_opd_trainer():
 
     def client():
         body = {"model": "tiny", "prompt": [9, 40, 41, 12], "max_tokens": 240, "temperature": 0, "stream": True}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with (
-                    httpx.Client(timeout=60) as http,
-                    http.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as response,
-                ):
-                    events = (line for line in response.iter_lines() if line.startswith("data: "))
-                    lines.append(next(events))
-                    os.kill(os.getpid(), signal.SIGTERM)  # to the main thread, which runs the engine
-                    lines.extend(events)
-                    return
-            except httpx.ConnectError:  # not listening yet
-                time.sleep(0.05)
+        deadline, signalled = time.monotonic() + 60, False
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    with (
+                        httpx.Client(timeout=60) as http,
+                        http.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as response,
+                    ):
+                        events = (line for line in response.iter_lines() if line.startswith("data: "))
+                        lines.append(next(events))
+                        signalled = True
+                        os.kill(os.getpid(), signal.SIGTERM)  # to the main thread, which runs the engine
+                        lines.extend(events)
+                        return
+                except httpx.ConnectError:  # not listening yet
+                    time.sleep(0.05)
+        finally:  # whatever went wrong, stop the server: the assertions below fail instead of the test hanging
+            if not signalled:
+                os.kill(os.getpid(), signal.SIGTERM)
 
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     worker = threading.Thread(target=client)
