@@ -27,6 +27,7 @@ resumes at the first missing shard. Size: n_layers * H * 2 bytes per token (Smol
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -176,10 +177,15 @@ def build_feature_cache(
             "nothing to cache: give a data folder of responses (--data-dir), corpus domains (--corpus), or both."
         )
     jobs = []  # (shard name, where it comes from, its digest, a function that reads its sequences, provenance)
-    for number, source in enumerate(source_shards(data_dir) if data_dir is not None else []):
-        jobs.append(
-            (f"shard_{number:05d}", str(source.relative_to(Path(data_dir))), sha256_of(source), _read_shard, source, {})
-        )
+    # A response shard keeps the name it was first cached under, and new answer sets take the next free numbers,
+    # so adding a set (whose folder may sort anywhere) never renames what is cached.
+    named = {entry["source"]: name for name, entry in meta["shards"].items() if name.startswith("shard_")}
+    taken = {int(name.split("_")[1]) for name in named.values()}
+    free = (n for n in itertools.count() if n not in taken)
+    for source in source_shards(data_dir) if data_dir is not None else []:
+        label = str(source.relative_to(Path(data_dir)))
+        name = named.get(label) or f"shard_{next(free):05d}"
+        jobs.append((name, label, sha256_of(source), _read_shard, source, {}))
     if corpus_domains:
         first = 0
         for number, windows in enumerate(corpus_shards(tokenizer, list(corpus_domains), seq_len, seed)):

@@ -129,6 +129,23 @@ def test_feature_cache_resumes_and_refuses_mismatches(tmp_path):
         FeatureStore(tmp_path / "nothing")
 
 
+def test_an_added_answer_set_extends_the_cache_without_renaming_it(tmp_path):
+    target = tiny_target()
+    write_responses(tmp_path / "data", shards=2)
+    cache = build_feature_cache(target, _Tokenizer(), tmp_path / "data", tmp_path / "cache", LAYERS, "tiny")
+    before = json.loads((cache / "meta.json").read_text())["shards"]
+    # a second answer set (say, sampled answers) whose folder sorts before the first one
+    (tmp_path / "data" / "train" / "0123456789abcdef").rename(tmp_path / "first")
+    write_responses(tmp_path / "data", shards=1)
+    (tmp_path / "data" / "train" / "0123456789abcdef").rename(tmp_path / "data" / "train" / "0000000000000000")
+    (tmp_path / "first").rename(tmp_path / "data" / "train" / "0123456789abcdef")
+    build_feature_cache(target, _Tokenizer(), tmp_path / "data", cache, LAYERS, "tiny")
+    after = json.loads((cache / "meta.json").read_text())["shards"]
+    assert {name: after[name]["source"] for name in before} == {name: e["source"] for name, e in before.items()}
+    assert after["shard_00002"]["source"] == "train/0000000000000000/shard_00000.safetensors"
+    assert len(FeatureStore(cache)) == 9
+
+
 def test_target_initialised_layers_copy_the_target_and_pass_the_deepest_context_through():
     target = tiny_target(layers=5)
     drafter = AdaFlashDrafter.from_target(target, num_layers=2, block_size=4, target_layer_ids=LAYERS, mask_token_id=3)
