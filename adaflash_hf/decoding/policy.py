@@ -154,9 +154,10 @@ class GoodputVerifyLength:
       forward. The forward is rectangular, so one g serves the whole batch; where the engine runs ragged
       forwards (``ragged``, set by the engine for SDPA targets) each row gets its own length
       (:func:`~.goodput.ragged_verify_lens`);
-    - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``):
+    - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``, ``resume_z`` and ``resume_rounds``):
       before anything is proposed (:meth:`wants_drafts`), plain steps while speculative rounds of this batch
-      size realise less than plain steps do. The engine reports a round that resumes drafting without the
+      size realise less than plain steps do; a held batch size resumes only once its explored rounds beat plain
+      steps by ``resume_z`` standard errors (``resume_rounds`` of them at most). The engine reports a round that resumes drafting without the
       drafter's catching up on the context held back meanwhile
       (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
@@ -200,6 +201,8 @@ class GoodputVerifyLength:
     tail_tolerance: float | None = None
     tail_min_rounds: int = 6
     tail_rows: int = 64
+    resume_z: float = 1.0
+    resume_rounds: int = 12
     max_row_slowdown: float | None = 1.05
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
@@ -231,6 +234,8 @@ class GoodputVerifyLength:
             self.tail_tolerance,
             self.tail_min_rounds,
             self.tail_rows,
+            self.resume_z,
+            self.resume_rounds,
         )
         self.trust = RowTrust()
         self.bandit = CapBandit(

@@ -27,6 +27,13 @@ realises less than plain steps by more than ``tail_tolerance``. It is off by def
 rounds is noisy, so the low quantile of many rows' rates sits below the true one, and on a 2-core CPU the check
 held batches of 4 and 8 rows where speculation raised throughput by a third without lengthening p99 latency.
 
+A held bucket resumes speculation only with confidence (``resume_z``): the explored rounds since the hold began (the
+last ``resume_rounds`` of them) must realise more than plain steps, their desync and ``margin`` counted, by
+``resume_z`` standard errors of their pooled rate. Explored rounds are few and their acceptance varies from round
+to round, so without it one lucky round in a burst lifts the decayed rate over the bar and starts an episode of
+speculation that loses until that round fades; a bucket that is speculating is held as soon as its point
+estimate falls below the bar (cheap to be wrong about: an explored burst soon brings it back).
+
 Speculation is judged by ``spec_rate``, what its rounds realise under their best verify-length cap
 (:class:`~.cap_bandit.CapBandit`), which the caller passes in (None: every speculative round's rate).
 """
@@ -34,7 +41,7 @@ Speculation is judged by ``spec_rate``, what its rounds realise under their best
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -55,6 +62,8 @@ class ThroughputGuard:
     tail_tolerance: float | None = None
     tail_min_rounds: int = 6
     tail_rows: int = 64
+    resume_z: float = 1.0
+    resume_rounds: int = 12
     realised: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     since: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> rounds since that kind ran
     explore: dict = field(default_factory=dict)  # rows bucket -> rounds between explored speculative rounds
@@ -62,6 +71,9 @@ class ThroughputGuard:
     spec_rounds: dict = field(default_factory=dict)  # rows bucket -> speculative rounds seen
     exploring: bool = False  # whether the round allows() just allowed explores a held bucket
     row_realised: dict = field(default_factory=dict)  # rows bucket -> OrderedDict(row -> [tokens, steps, rounds])
+    held: dict = field(
+        default_factory=dict
+    )  # rows bucket -> deque of (tokens, steps) of explored rounds since its hold
 
     def __post_init__(self):
         tolerance = self.tail_tolerance
@@ -69,6 +81,11 @@ class ThroughputGuard:
             raise ValueError(
                 f"tail_quantile={self.tail_quantile}, tail_tolerance={tolerance}, tail_rows={self.tail_rows}: need "
                 "0 <= tail_quantile <= 1, tail_tolerance None (no tail check) or > 0, and tail_rows >= 1."
+            )
+        if self.resume_z < 0 or self.resume_rounds < 1:
+            raise ValueError(
+                f"resume_z={self.resume_z}, resume_rounds={self.resume_rounds}: need resume_z >= 0 (0: resume on the "
+                "pooled rate alone) and resume_rounds >= 1."
             )
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
@@ -106,6 +123,26 @@ class ThroughputGuard:
         floor = plain * self.desync_cost(bucket)
         tail = None if self.tail_tolerance is None else self.tail_rate(bucket)
         return spec * self.margin < floor or (tail is not None and tail * self.tail_tolerance < floor)
+
+    def resume_bound(self, bucket: int) -> float | None:
+        """The lower confidence bound (``resume_z`` standard errors) of what the explored rounds since this bucket's
+        hold realised, tokens over time pooled; None before any. The standard error is the ratio estimator's
+        (residuals of tokens against the pooled rate times steps), scaled by n / (n - 1); one round gives its rate."""
+        rounds = self.held.get(bucket)
+        if not rounds:
+            return None
+        tokens, steps = sum(t for t, _ in rounds), sum(s for _, s in rounds)
+        rate, n = tokens / steps, len(rounds)
+        if n < 2 or self.resume_z == 0:
+            return rate
+        spread = sum((t - rate * s) ** 2 for t, s in rounds) * n / (n - 1)
+        return rate - self.resume_z * math.sqrt(spread) / steps
+
+    def proven(self, bucket: int) -> bool:
+        """Whether the explored rounds since this bucket's hold beat plain steps with confidence (:meth:`resume_bound`
+        against the plain rate, its desync and ``margin`` counted)."""
+        bound, plain = self.resume_bound(bucket), self.rate(bucket, False)
+        return bound is not None and plain is not None and bound * self.margin >= plain * self.desync_cost(bucket)
 
     def record_rows(self, bucket: int, rows: Sequence[Hashable], tokens: Sequence[float], steps: float) -> None:
         """File a speculative round per row: row ``rows[i]`` gained ``tokens[i]`` in ``steps`` plain steps' time (kept
@@ -145,7 +182,15 @@ class ThroughputGuard:
             return self._start_burst(
                 bucket, False
             )  # speculated at this size but never timed a plain step here: time some now
-        if self.losing(bucket, spec_rate):
+        if bucket in self.held:  # held: resume only once explored rounds beat plain steps with confidence
+            hold = not self.proven(bucket)
+        else:  # speculating: hold as soon as the point estimate loses
+            hold = self.losing(bucket, spec_rate)
+            if hold:
+                self.held[bucket] = deque(maxlen=self.resume_rounds)
+        if not hold:
+            self.held.pop(bucket, None)
+        if hold:
             if self.since.get((bucket, True), 0) + 1 >= self.explore.get(bucket, self.explore_every):
                 self.exploring = True
                 return self._start_burst(bucket, True, exploring=True)
@@ -171,6 +216,8 @@ class ThroughputGuard:
         sums = self.realised.setdefault((bucket, speculative), [0.0, 0.0])
         sums[0] += tokens
         sums[1] += steps
+        if speculative and bucket in self.held:  # an explored round of a held bucket: evidence for resuming
+            self.held[bucket].append((tokens, steps))
         plain = self.rate(bucket, False)
         if speculative and plain is not None:  # back off exploring while speculative rounds here lose
             self.spec_rounds[bucket] = self.spec_rounds.get(bucket, 0) + 1

@@ -232,6 +232,45 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
     assert policy.guard.explore[4] == max(policy.explore_every, math.ceil(3 * lost / policy.explore_budget)) == 15
 
 
+def test_a_held_batch_size_resumes_only_when_its_explored_rounds_beat_plain_with_confidence():
+    """One lucky round in an explored burst lifts the burst's rate over plain's but not its lower bound: the hold
+    stays. A burst that wins round after round resumes speculation at once."""
+
+    def held_then_burst(burst: list[tuple[int, float]], **kwargs) -> tuple[list[float | None], list[bool]]:
+        cost = VerifyCostModel()
+        cost.update(16, 0.100, rows=16)
+        policy = GoodputVerifyLength(
+            cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=(), **kwargs
+        )
+        verify = torch.full((16,), 5, dtype=torch.long)
+        policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)  # a plain step
+        for _ in range(3):  # speculation loses: 2 tokens per row in 2.5 steps
+            policy.update(torch.full((16,), 1), verify, 0.250)
+        answers, bounds, pending = [], [], list(burst)
+        for _ in range(12):
+            answers.append(policy.wants_drafts(16))
+            bounds.append(policy.guard.resume_bound(5))
+            if answers[-1] and pending:
+                accepted, seconds = pending.pop(0)
+                policy.update(torch.full((16,), accepted), verify, seconds)
+            elif answers[-1]:
+                policy.update(torch.full((16,), 1), verify, 0.110)  # after the burst: 2 tokens in 1.1 steps
+            else:
+                policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
+        return bounds, answers
+
+    lucky = [(4, 0.120), (0, 0.110), (0, 0.110)]  # 5 tokens in 1.2 steps, then 1 in 1.1 twice: 7 in 3.4 (2.06 pooled)
+    bounds, answers = held_then_burst(lucky)
+    assert answers[:4] == [False, False, False, True]  # held until explored (explore_every 4)
+    assert answers[4:6] == [True, True] and not answers[6]  # the burst ran, and the hold stays
+    assert 7 / 3.4 > 1.0 / 1.02 > bounds[6]  # the pooled rate beats plain (margin 1.02), its lower bound does not
+    assert held_then_burst(lucky, resume_z=0.0)[1][6]  # judged by the pooled rate alone it would have resumed
+    steady = [(1, 0.110)] * 3  # 2 tokens in 1.1 steps, every round
+    assert all(held_then_burst(steady)[1][3:])  # resumes after the burst and keeps speculating
+    with pytest.raises(ValueError, match="resume_z"):
+        GoodputVerifyLength(resume_z=-1.0)
+
+
 def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says():
     """While a bucket is held, the cost model's wider entries go stale (only plain steps run), so an explored round
     that let it choose could verify anchors only and prove nothing: explored rounds verify every row's drafts up to
