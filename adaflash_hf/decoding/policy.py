@@ -154,12 +154,12 @@ class GoodputVerifyLength:
       forward. The forward is rectangular, so one g serves the whole batch; where the engine runs ragged
       forwards (``ragged``, set by the engine for SDPA targets) each row gets its own length
       (:func:`~.goodput.ragged_verify_lens`);
-    - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``, ``resume_z`` and ``resume_rounds``):
-      before anything is proposed (:meth:`wants_drafts`), plain steps while speculative rounds of this batch
-      size realise less than plain steps do; a held batch size resumes only once its explored rounds beat plain
-      steps by ``resume_z`` standard errors (``resume_rounds`` of them at most). The engine reports a round that resumes drafting without the
-      drafter's catching up on the context held back meanwhile
-      (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
+    - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``,
+      ``resume_z`` and ``resume_rounds``): before anything is proposed (:meth:`wants_drafts`), plain steps while
+      speculative rounds of this batch size realise less than plain steps do; a held batch size resumes only once
+      its explored rounds beat plain steps by ``resume_z`` standard errors (the last ``resume_rounds`` of them).
+      The engine reports a round that resumes drafting without the drafter's catching up on the context held
+      back meanwhile (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
       ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice
       or a fixed length, whichever has realised the most in its bucket; the guard compares plain steps with
