@@ -268,7 +268,7 @@ class GoodputVerifyLength:
         proposing = self.guard.allows(rows, self.bandit.best_rate(rows.bit_length()))
         chooses = proposing and rows >= self.min_rows and self.caps
         self._round_cap = self.bandit.choose(rows.bit_length()) if chooses else None
-        if self.guard.exploring and self._round_cap is None and self.caps:
+        if self.guard.remeasuring and self._round_cap is None and self.caps:
             self._round_cap = max(self.caps)
         return proposing
 
@@ -298,11 +298,11 @@ class GoodputVerifyLength:
             if num_rows >= self.min_rows:  # alone, a row's drafts delay no one: its own goodput choice decides
                 rates = self.trust.scale(rows, rates)
         limit = min((n for n in (self.max_verify_len, cap) if n is not None), default=None)
-        if (cap is not None or self.guard.exploring) and num_rows >= self.min_rows and limit is not None:
-            # A fixed-length arm (and any explored round of a held bucket) verifies every row's drafts up to the
-            # cap, whatever the cost model says: its rounds measure what adaflash@cap realises. (While a bucket is
-            # held the cost model's wider entries go stale, and letting it choose would make exploring rounds
-            # verify nothing, prove nothing and keep the hold.) Rows whose first draft is hardly ever accepted
+        if (cap is not None or self.guard.remeasuring) and num_rows >= self.min_rows and limit is not None:
+            # A fixed-length arm (and the first round of a held bucket's explored burst) verifies every row's drafts
+            # up to the cap, whatever the cost model says: its rounds measure what adaflash@cap realises. (While a
+            # bucket is held the cost model's wider entries go stale, and letting it choose would make exploring
+            # rounds verify nothing, prove nothing and keep the hold.) Rows whose first draft is hardly ever accepted
             # (``row_min_rate``, their trust counted) verify only their anchor.
             lengths = torch.full((num_rows,), min(limit, rates.shape[1] + 1), dtype=torch.long)
             if rates.shape[1]:
@@ -315,7 +315,7 @@ class GoodputVerifyLength:
             self.max_row_slowdown is not None
             and num_rows >= self.min_rows
             and cost_model.measured
-            and not self.guard.exploring  # an explored round re-measures wide forwards the held bucket forgot
+            and not self.guard.remeasuring  # the round re-measures wide forwards the held bucket forgot
         ):  # no request decodes slower than under plain steps by more than max_row_slowdown (its tail latency)
             drafter = self.drafter_cost(num_rows) if self.drafter_cost and draft_hidden_states is not None else None
             extra = self.proposal_overhead(num_rows) if self.proposal_overhead else None

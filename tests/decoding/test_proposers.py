@@ -240,7 +240,7 @@ def test_a_held_batch_size_resumes_only_when_its_explored_rounds_beat_plain_with
         cost = VerifyCostModel()
         cost.update(16, 0.100, rows=16)
         policy = GoodputVerifyLength(
-            cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=(), **kwargs
+            cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, burst_rounds=4, caps=(), **kwargs
         )
         verify = torch.full((16,), 5, dtype=torch.long)
         policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)  # a plain step
@@ -259,22 +259,49 @@ def test_a_held_batch_size_resumes_only_when_its_explored_rounds_beat_plain_with
                 policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
         return bounds, answers
 
-    lucky = [(4, 0.120), (0, 0.110), (0, 0.110)]  # 5 tokens in 1.2 steps, then 1 in 1.1 twice: 7 in 3.4 (2.06 pooled)
+    # the burst's first round re-measures and does not count; then 5 tokens in 1.2 steps, 1 in 1.1 twice: 7 in 3.4
+    lucky = [(1, 0.110), (4, 0.120), (0, 0.110), (0, 0.110)]
     bounds, answers = held_then_burst(lucky)
     assert answers[:4] == [False, False, False, True]  # held until explored (explore_every 4)
-    assert answers[4:6] == [True, True] and not answers[6]  # the burst ran, and the hold stays
-    assert 7 / 3.4 > 1.0 / 1.02 > bounds[6]  # the pooled rate beats plain (margin 1.02), its lower bound does not
-    assert held_then_burst(lucky, resume_z=0.0)[1][6]  # judged by the pooled rate alone it would have resumed
-    steady = [(1, 0.110)] * 3  # 2 tokens in 1.1 steps, every round
+    assert all(answers[4:7]) and not answers[7]  # the burst ran, and the hold stays
+    assert 7 / 3.4 > 1.0 / 1.02 > bounds[7]  # the pooled rate beats plain (margin 1.02), its lower bound does not
+    assert held_then_burst(lucky, resume_z=0.0)[1][7]  # judged by the pooled rate alone it would have resumed
+    steady = [(1, 0.110)] * 4  # 2 tokens in 1.1 steps, every round
     assert all(held_then_burst(steady)[1][3:])  # resumes after the burst and keeps speculating
     with pytest.raises(ValueError, match="resume_z"):
         GoodputVerifyLength(resume_z=-1.0)
 
 
+def test_only_the_burst_rounds_run_as_resumed_speculation_would_count_for_resuming():
+    """The first round of an explored burst verifies up to a cap without the slowdown bound; resuming would not run
+    that, so it does not vouch for resuming: a burst whose first round wins and whose others verify nothing (the
+    policy's own choice there) keeps the hold."""
+    cost = VerifyCostModel()
+    cost.update(16, 0.100, rows=16)
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=())
+    verify = torch.full((16,), 5, dtype=torch.long)
+    policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
+    for _ in range(3):
+        policy.update(torch.full((16,), 1), verify, 0.250)  # losing: held from the next round
+    seen = []
+    for _ in range(12):
+        if policy.wants_drafts(16):
+            seen.append(policy.guard.remeasuring)
+            if policy.guard.remeasuring:  # verified up to the cap: 3 tokens a row in 1.2 steps
+                policy.update(torch.full((16,), 2), verify, 0.120)
+            else:  # as the policy would run it: drafts dropped, 1 token a row for a proposing round's 1.05 steps
+                policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.105, proposed=True)
+        else:
+            policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
+    assert seen[:3] == [True, False, False]  # bursts of three, the first re-measuring
+    assert 5 in policy.guard.held and len(policy.guard.held[5]) == seen.count(False)  # only those counted: held
+    assert policy.guard.resume_bound(5) == pytest.approx(1 / 1.05)
+
+
 def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says():
     """While a bucket is held, the cost model's wider entries go stale (only plain steps run), so an explored round
-    that let it choose could verify anchors only and prove nothing: explored rounds verify every row's drafts up to
-    the cap."""
+    that let it choose could verify anchors only and prove nothing: the first round of an explored burst verifies
+    every row's drafts up to the cap."""
     cost = VerifyCostModel()
     cost.update(4, 0.010, rows=4)
     cost.update(4 * 5, 0.200, rows=4)  # stale: verifying 4 drafts per row looks 20 plain steps dear,
@@ -291,9 +318,7 @@ def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says()
     for _ in range(8):
         if policy.wants_drafts(4):
             chosen = policy.verify_lens(rates, None).tolist()
-            if (
-                policy.guard.exploring
-            ):  # (rounds it speculates in once exploring has shown that pays use the cost model again)
+            if policy.guard.remeasuring:  # (the burst's other rounds run as resumed speculation would)
                 lengths.append(chosen)
             policy.update(torch.full((4,), 2), torch.tensor(chosen), 0.020, proposed=True)
         else:
