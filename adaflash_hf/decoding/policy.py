@@ -157,7 +157,8 @@ class GoodputVerifyLength:
     - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``,
       ``resume_z`` and ``resume_rounds``): before anything is proposed (:meth:`wants_drafts`), plain steps while
       speculative rounds of this batch size realise less than plain steps do; a held batch size resumes only once
-      its explored rounds beat plain steps by ``resume_z`` standard errors (the last ``resume_rounds`` of them).
+      its explored rounds beat plain steps by ``resume_z`` standard errors (the last ``resume_rounds`` of them,
+      ``resume_min_rounds`` at least).
       The engine reports a round that resumes drafting without the drafter's catching up on the context held
       back meanwhile (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
@@ -203,6 +204,7 @@ class GoodputVerifyLength:
     tail_rows: int = 64
     resume_z: float = 1.0
     resume_rounds: int = 12
+    resume_min_rounds: int = 4
     max_row_slowdown: float | None = 1.05
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
@@ -236,6 +238,7 @@ class GoodputVerifyLength:
             self.tail_rows,
             self.resume_z,
             self.resume_rounds,
+            self.resume_min_rounds,
         )
         self.trust = RowTrust()
         self.bandit = CapBandit(

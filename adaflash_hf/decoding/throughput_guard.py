@@ -28,16 +28,16 @@ rounds is noisy, so the low quantile of many rows' rates sits below the true one
 held batches of 4 and 8 rows where speculation raised throughput by a third without lengthening p99 latency.
 
 A held bucket resumes speculation only with confidence (``resume_z``): the explored rounds since the hold began (the
-last ``resume_rounds`` of them) must realise more than plain steps, their desync and ``margin`` counted, by
-``resume_z`` standard errors of their pooled rate. The first round of an explored burst re-measures (``remeasuring``:
-the policy verifies every row up to a cap there, to refresh the wide forwards a held bucket's cost model forgot);
-the burst's other rounds run as speculation would if resumed, and only they count for resuming (with
-``burst_rounds`` 1, the one round counts). A burst whose rounds all verified up to a cap would vouch for a mode
-that resuming does not run: on a 2-core Xeon at 28-31 rows such rounds realised 1.44 plain steps' worth of
-tokens per step, the policy's own rounds after them 1.07. Explored rounds are few and their acceptance varies from round
-to round, so without it one lucky round in a burst lifts the decayed rate over the bar and starts an episode of
-speculation that loses until that round fades; a bucket that is speculating is held as soon as its point
-estimate falls below the bar (cheap to be wrong about: an explored burst soon brings it back).
+last ``resume_rounds`` of them, ``resume_min_rounds`` at least: two bursts by default) must realise more than plain
+steps, their desync and ``margin`` counted, by ``resume_z`` standard errors of their pooled rate. Explored rounds
+are few and their acceptance varies from round to round: judged by its decayed rate, one lucky round in a burst
+lifted the rate over the bar and started an episode of speculation that lost until that round faded, and the rounds
+after a burst chosen for being good regress to the mean. The first round of an explored burst re-measures
+(``remeasuring``: the policy verifies every row up to a cap there, to refresh the wide forwards a held bucket's cost
+model forgot); the burst's other rounds run as speculation would if resumed, and only they count for resuming (with
+``burst_rounds`` 1, the one round counts): on a 2-core Xeon at 28-31 rows, rounds verified up to a cap realised 1.44
+plain steps' worth of tokens per step, the policy's own rounds after them 1.07. A bucket that is speculating is held
+as soon as its point estimate falls below the bar.
 
 Speculation is judged by ``spec_rate``, what its rounds realise under their best verify-length cap
 (:class:`~.cap_bandit.CapBandit`), which the caller passes in (None: every speculative round's rate).
@@ -69,6 +69,7 @@ class ThroughputGuard:
     tail_rows: int = 64
     resume_z: float = 1.0
     resume_rounds: int = 12
+    resume_min_rounds: int = 4
     realised: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     since: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> rounds since that kind ran
     explore: dict = field(default_factory=dict)  # rows bucket -> rounds between explored speculative rounds
@@ -88,10 +89,11 @@ class ThroughputGuard:
                 f"tail_quantile={self.tail_quantile}, tail_tolerance={tolerance}, tail_rows={self.tail_rows}: need "
                 "0 <= tail_quantile <= 1, tail_tolerance None (no tail check) or > 0, and tail_rows >= 1."
             )
-        if self.resume_z < 0 or self.resume_rounds < 1:
+        if self.resume_z < 0 or not 1 <= self.resume_min_rounds <= self.resume_rounds:
             raise ValueError(
-                f"resume_z={self.resume_z}, resume_rounds={self.resume_rounds}: need resume_z >= 0 (0: resume on the "
-                "pooled rate alone) and resume_rounds >= 1."
+                f"resume_z={self.resume_z}, resume_min_rounds={self.resume_min_rounds}, resume_rounds="
+                f"{self.resume_rounds}: need resume_z >= 0 (0: resume on the pooled rate alone) and "
+                "1 <= resume_min_rounds <= resume_rounds."
             )
 
     def rate(self, bucket: int, speculative: bool) -> float | None:
@@ -146,7 +148,9 @@ class ThroughputGuard:
 
     def proven(self, bucket: int) -> bool:
         """Whether the explored rounds since this bucket's hold beat plain steps with confidence (:meth:`resume_bound`
-        against the plain rate, its desync and ``margin`` counted)."""
+        against the plain rate, its desync and ``margin`` counted), from ``resume_min_rounds`` rounds or more."""
+        if len(self.held.get(bucket) or ()) < self.resume_min_rounds:
+            return False
         bound, plain = self.resume_bound(bucket), self.rate(bucket, False)
         return bound is not None and plain is not None and bound * self.margin >= plain * self.desync_cost(bucket)
 

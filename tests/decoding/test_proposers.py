@@ -240,7 +240,13 @@ def test_a_held_batch_size_resumes_only_when_its_explored_rounds_beat_plain_with
         cost = VerifyCostModel()
         cost.update(16, 0.100, rows=16)
         policy = GoodputVerifyLength(
-            cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, burst_rounds=4, caps=(), **kwargs
+            cost_model=cost,
+            explore_every=4,
+            max_explore_every=4,
+            desync_per_row=0.0,
+            burst_rounds=4,
+            caps=(),
+            **{"resume_min_rounds": 3, **kwargs},
         )
         verify = torch.full((16,), 5, dtype=torch.long)
         policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)  # a plain step
@@ -268,6 +274,8 @@ def test_a_held_batch_size_resumes_only_when_its_explored_rounds_beat_plain_with
     assert held_then_burst(lucky, resume_z=0.0)[1][7]  # judged by the pooled rate alone it would have resumed
     steady = [(1, 0.110)] * 4  # 2 tokens in 1.1 steps, every round
     assert all(held_then_burst(steady)[1][3:])  # resumes after the burst and keeps speculating
+    answers = held_then_burst(steady, resume_min_rounds=4)[1]  # 3 rounds of a burst count: two bursts needed
+    assert not answers[7] and all(answers[11:])
     with pytest.raises(ValueError, match="resume_z"):
         GoodputVerifyLength(resume_z=-1.0)
 
@@ -278,7 +286,9 @@ def test_only_the_burst_rounds_run_as_resumed_speculation_would_count_for_resumi
     policy's own choice there) keeps the hold."""
     cost = VerifyCostModel()
     cost.update(16, 0.100, rows=16)
-    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=())
+    policy = GoodputVerifyLength(
+        cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=(), resume_min_rounds=2
+    )
     verify = torch.full((16,), 5, dtype=torch.long)
     policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
     for _ in range(3):
