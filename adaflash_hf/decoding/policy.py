@@ -204,7 +204,7 @@ class GoodputVerifyLength:
     tail_rows: int = 64
     resume_z: float = 1.0
     resume_rounds: int = 12
-    resume_min_rounds: int = 4
+    resume_min_rounds: int = 1
     max_row_slowdown: float | None = 1.05
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine

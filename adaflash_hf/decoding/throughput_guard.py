@@ -28,16 +28,15 @@ rounds is noisy, so the low quantile of many rows' rates sits below the true one
 held batches of 4 and 8 rows where speculation raised throughput by a third without lengthening p99 latency.
 
 A held bucket resumes speculation only with confidence (``resume_z``): the explored rounds since the hold began (the
-last ``resume_rounds`` of them, ``resume_min_rounds`` at least: two bursts by default) must realise more than plain
-steps, their desync and ``margin`` counted, by ``resume_z`` standard errors of their pooled rate. Explored rounds
-are few and their acceptance varies from round to round: judged by its decayed rate, one lucky round in a burst
-lifted the rate over the bar and started an episode of speculation that lost until that round faded, and the rounds
-after a burst chosen for being good regress to the mean. The first round of an explored burst re-measures
-(``remeasuring``: the policy verifies every row up to a cap there, to refresh the wide forwards a held bucket's cost
-model forgot); the burst's other rounds run as speculation would if resumed, and only they count for resuming (with
-``burst_rounds`` 1, the one round counts): on a 2-core Xeon at 28-31 rows, rounds verified up to a cap realised 1.44
-plain steps' worth of tokens per step, the policy's own rounds after them 1.07. A bucket that is speculating is held
-as soon as its point estimate falls below the bar.
+last ``resume_rounds`` of them, ``resume_min_rounds`` at least) must realise more than plain steps, their desync and
+``margin`` counted, by ``resume_z`` standard errors of their pooled rate. Explored rounds are few and their
+acceptance varies from round to round: judged by its decayed rate, one lucky round in a burst lifted the rate over
+the bar and started an episode of speculation that lost until that round faded. The first round of an explored burst
+re-measures (``remeasuring``: the policy verifies every row up to a cap there, to refresh the wide forwards a held
+bucket's cost model forgot); the burst's other rounds run as speculation would if resumed, and only they count for
+resuming (with ``burst_rounds`` 1, the one round counts): on a 2-core Xeon at 28-31 rows, rounds verified up to a
+cap realised 1.44 plain steps' worth of tokens per step, the policy's own rounds after them 1.07. A bucket that is
+speculating is held as soon as its point estimate falls below the bar.
 
 Speculation is judged by ``spec_rate``, what its rounds realise under their best verify-length cap
 (:class:`~.cap_bandit.CapBandit`), which the caller passes in (None: every speculative round's rate).
@@ -69,7 +68,7 @@ class ThroughputGuard:
     tail_rows: int = 64
     resume_z: float = 1.0
     resume_rounds: int = 12
-    resume_min_rounds: int = 4
+    resume_min_rounds: int = 1
     realised: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     since: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> rounds since that kind ran
     explore: dict = field(default_factory=dict)  # rows bucket -> rounds between explored speculative rounds
