@@ -35,7 +35,7 @@ the bar and started an episode of speculation that lost until that round faded. 
 re-measures (``remeasuring``: the policy verifies every row up to a cap there, to refresh the wide forwards a held
 bucket's cost model forgot); the burst's other rounds run as speculation would if resumed, and only they count for
 resuming (with ``burst_rounds`` 1, the one round counts): on a 2-core Xeon at 28-31 rows, rounds verified up to a
-cap realised 1.44 plain steps' worth of tokens per step, the policy's own rounds after them 1.07. A bucket that is
+cap realised 1.44 times plain steps' rate, the policy's own rounds after them 1.07 times. A bucket that is
 speculating is held as soon as its point estimate falls below the bar.
 
 Speculation is judged by ``spec_rate``, what its rounds realise under their best verify-length cap
@@ -77,9 +77,7 @@ class ThroughputGuard:
     exploring: bool = False  # whether the round allows() just allowed explores a held bucket
     remeasuring: bool = False  # whether it is the first round of an explored burst (see the module's docstring)
     row_realised: dict = field(default_factory=dict)  # rows bucket -> OrderedDict(row -> [tokens, steps, rounds])
-    held: dict = field(
-        default_factory=dict
-    )  # rows bucket -> deque of (tokens, steps) of explored rounds since its hold
+    held: dict = field(default_factory=dict)  # held rows bucket -> its explored rounds' (tokens, steps) since
 
     def __post_init__(self):
         tolerance = self.tail_tolerance

@@ -232,26 +232,27 @@ def test_the_guard_explores_and_refreshes_in_runs_of_rounds():
     assert policy.guard.explore[4] == max(policy.explore_every, math.ceil(3 * lost / policy.explore_budget)) == 15
 
 
+def losing_policy_at_16_rows(**kwargs) -> GoodputVerifyLength:
+    """A policy that timed a plain step of 16 rows and then saw speculation lose (2 tokens a row in 2.5 steps), so it
+    holds that batch size from its next round; it explores every 4 rounds."""
+    cost = VerifyCostModel()
+    cost.update(16, 0.100, rows=16)
+    policy = GoodputVerifyLength(
+        cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=(), **kwargs
+    )
+    policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)  # a plain step
+    for _ in range(3):
+        policy.update(torch.full((16,), 1), torch.full((16,), 5, dtype=torch.long), 0.250)
+    return policy
+
+
 def test_a_held_batch_size_resumes_only_when_its_explored_rounds_beat_plain_with_confidence():
     """One lucky round in an explored burst lifts the burst's rate over plain's but not its lower bound: the hold
     stays. A burst that wins round after round resumes speculation at once."""
 
     def held_then_burst(burst: list[tuple[int, float]], **kwargs) -> tuple[list[float | None], list[bool]]:
-        cost = VerifyCostModel()
-        cost.update(16, 0.100, rows=16)
-        policy = GoodputVerifyLength(
-            cost_model=cost,
-            explore_every=4,
-            max_explore_every=4,
-            desync_per_row=0.0,
-            burst_rounds=4,
-            caps=(),
-            **{"resume_min_rounds": 3, **kwargs},
-        )
+        policy = losing_policy_at_16_rows(burst_rounds=4, **{"resume_min_rounds": 3, **kwargs})
         verify = torch.full((16,), 5, dtype=torch.long)
-        policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)  # a plain step
-        for _ in range(3):  # speculation loses: 2 tokens per row in 2.5 steps
-            policy.update(torch.full((16,), 1), verify, 0.250)
         answers, bounds, pending = [], [], list(burst)
         for _ in range(12):
             answers.append(policy.wants_drafts(16))
@@ -284,15 +285,8 @@ def test_only_the_burst_rounds_run_as_resumed_speculation_would_count_for_resumi
     """The first round of an explored burst verifies up to a cap without the slowdown bound; resuming would not run
     that, so it does not vouch for resuming: a burst whose first round wins and whose others verify nothing (the
     policy's own choice there) keeps the hold."""
-    cost = VerifyCostModel()
-    cost.update(16, 0.100, rows=16)
-    policy = GoodputVerifyLength(
-        cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0, caps=(), resume_min_rounds=2
-    )
+    policy = losing_policy_at_16_rows(resume_min_rounds=2)
     verify = torch.full((16,), 5, dtype=torch.long)
-    policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
-    for _ in range(3):
-        policy.update(torch.full((16,), 1), verify, 0.250)  # losing: held from the next round
     seen = []
     for _ in range(12):
         if policy.wants_drafts(16):
