@@ -258,7 +258,8 @@ class GoodputVerifyLength:
         return self.guard.desync_cost(bucket)
 
     def losing(self, bucket: int) -> bool:
-        """Whether speculative rounds of this bucket, under their best arm, realise less than plain steps."""
+        """Whether speculative rounds of this bucket realise less than plain steps (see
+        :meth:`ThroughputGuard.speculative_rate`)."""
         return self.guard.losing(bucket, self.bandit.best_rate(bucket))
 
     def cap_rate(self, bucket: int, cap: int | None) -> float | None:
@@ -356,7 +357,16 @@ class GoodputVerifyLength:
         if speculative and row_ids is not None and rows >= self.min_rows and len(row_ids) == rows:
             self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)
         used, self._used_cap = self._used_cap, None
-        if speculative and rows >= self.min_rows and self.caps and used is not None and used[0] == rows:
+        # A re-measuring round verifies up to a cap without the slowdown bound: not what its arm runs otherwise.
+        remeasured = self.guard.remeasuring
+        if (
+            speculative
+            and rows >= self.min_rows
+            and self.caps
+            and used is not None
+            and used[0] == rows
+            and not remeasured
+        ):
             self.bandit.record(bucket, used[1], tokens, steps)
         self.guard.ran(bucket, speculative)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import deque
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from adaflash_hf.decoding.policy import verify_limit
 from adaflash_hf.decoding.proposers import drafter as drafter_module
 from adaflash_hf.decoding.proposers.drafter import DrafterBlock, drafter_bucket
 from adaflash_hf.decoding.proposers.hybrid import HybridProposer
+from adaflash_hf.decoding.throughput_guard import ThroughputGuard
 from adaflash_hf.dflash_format import save_dflash_checkpoint
 from adaflash_hf.training.data import TrainingSequence
 from adaflash_hf.training.vocab import coverage, most_frequent, response_token_counts
@@ -300,6 +302,40 @@ def test_only_the_burst_rounds_run_as_resumed_speculation_would_count_for_resumi
     assert seen[:3] == [True, False, False]  # bursts of three, the first re-measuring
     assert 5 in policy.guard.held and len(policy.guard.held[5]) == seen.count(False)  # only those counted: held
     assert policy.guard.resume_bound(5) == pytest.approx(1 / 1.05)
+
+
+def test_a_speculating_batch_size_is_judged_by_what_its_rounds_realised_not_only_by_its_best_arm():
+    """The best verify-length arm's rate is the largest of a few noisy ones and reads high: a batch size whose rounds
+    realise less than plain steps is held though the best arm's rate passes the bar."""
+    guard = ThroughputGuard(desync_per_row=0.0, min_evidence=100)
+    guard.record(5, False, 1.0, 1.0, None)  # plain steps of 16 rows: 1 token a row per step
+    assert guard.allows(16, 1.3)
+    for _ in range(6):
+        guard.record(5, True, 1.8, 2.0, 1.3)  # its rounds realise 0.9 tokens per step; the best arm claims 1.3
+    assert guard.own_rate(5) == pytest.approx(0.9) and guard.speculative_rate(5, 1.3) == pytest.approx(0.9)
+    assert not guard.allows(16, 1.3) and 5 in guard.held
+    steady = ThroughputGuard(desync_per_row=0.0)  # the same best arm over rounds that do realise it keeps speculating
+    steady.record(5, False, 1.0, 1.0, None)
+    for _ in range(6):
+        steady.record(5, True, 2.6, 2.0, 1.3)
+    assert steady.allows(16, 1.3)
+
+
+def test_a_re_measuring_round_vouches_for_no_arm():
+    """The first round of a held batch size's explored burst verifies up to a cap without the slowdown bound, which
+    its arm does not otherwise run: neither the arm's rate nor the rate speculation is judged by takes it in."""
+    cost = VerifyCostModel()
+    cost.update(16, 0.100, rows=16)
+    policy = GoodputVerifyLength(cost_model=cost, explore_every=4, max_explore_every=4, desync_per_row=0.0)
+    policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)  # a plain step
+    policy.guard.held[5] = deque(maxlen=policy.guard.resume_rounds)  # held
+    while not policy.wants_drafts(16):  # plain steps until the hold explores
+        policy.update(torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.long), 0.100)
+    assert policy.guard.remeasuring
+    policy.verify_lens(torch.full((16, 8), 0.9), None)
+    policy.update(torch.full((16,), 4), torch.full((16,), 5, dtype=torch.long), 0.120)
+    assert policy.rate(5, True) == pytest.approx(5 / 1.2)  # the guard saw it
+    assert not any(b == 5 for b, _ in policy.bandit.capped) and policy.guard.own_rate(5) is None  # no arm, not as run
 
 
 def test_an_explored_round_verifies_up_to_its_cap_whatever_the_cost_model_says():
