@@ -568,6 +568,10 @@ TABLES: dict[str, Table] = {
     "serving_smollm2": Table(
         lambda: serving("serving/smollm2-135m-validation-bound.json"), ("serving/smollm2-135m-validation-bound.json",)
     ),
+    "serving_smollm2_no_bf16": Table(
+        lambda: serving("serving/smollm2-135m-validation-no-bf16.json"),
+        ("serving/smollm2-135m-validation-no-bf16.json",),
+    ),
     "opd_smollm2": Table(lambda: opd("opd/smollm2-135m.json"), ("opd/smollm2-135m.json",)),
     "serving_deployment": Table(
         lambda: deployment("serving/deployment-smollm2-135m.json"),
