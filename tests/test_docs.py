@@ -14,6 +14,7 @@ RESULTS_TABLES = {
     "batch1_smollm2",
     "batch1_qwen",
     "serving_smollm2",
+    "serving_smollm2_no_bf16",
     "serving_deployment",
     "opd_smollm2",
     "soak_opd",
