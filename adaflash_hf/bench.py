@@ -129,6 +129,15 @@ class BenchArgs:
             )
         },
     )
+    round_log: str = field(
+        default="",
+        metadata={
+            "help": (
+                "With --concurrency: a JSONL file to write every round of the adaptive method to, as its "
+                "throughput guard sees it, for benchmarks/profile/guard_replay.py ('' to skip)."
+            )
+        },
+    )
     quality: bool = field(
         default=False,
         metadata={
@@ -164,6 +173,8 @@ class BenchArgs:
         if self.concurrency:
             self.serving_args()  # validates the concurrency benchmark's own methods and levels
             return
+        if self.round_log:
+            raise ValueError("--round-log logs the rounds of served requests: it needs --concurrency.")
         unknown = {m for m in self.method_list if m.partition("@")[0] not in METHODS}
         if unknown:
             raise ValueError(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)} (or adaflash@N).")
@@ -209,6 +220,7 @@ class BenchArgs:
             num_threads=self.num_threads,
             json=self.json,
             plot=self.plot,
+            round_log=self.round_log,
         )
 
     def quality_args(self):

@@ -176,6 +176,8 @@ def test_bench_args_validation():
         BenchArgs(methods="target,assisted@3")
     with pytest.raises(ValueError, match="twice"):
         BenchArgs(methods="target,adaflash,adaflash")
+    with pytest.raises(ValueError, match="--round-log .* needs --concurrency"):
+        BenchArgs(round_log="rounds.jsonl")
 
 
 def test_every_command_has_help_with_each_default_once(capsys):

@@ -208,6 +208,7 @@ class GoodputVerifyLength:
     max_row_slowdown: float | None = 1.05
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
+    round_log: Callable[[dict], None] | None = field(default=None, repr=False)  # sees every round update() files
     _round_cap: int | None = field(default=None, repr=False)  # the cap wants_drafts chose for the round it allowed
     _used_cap: tuple | None = field(default=None, repr=False)  # (rows, cap) verify_lens applied, for update to file
     _round_rates: tuple | None = field(default=None, repr=False)  # (row ids, rates before RowTrust) of the round
@@ -338,7 +339,9 @@ class GoodputVerifyLength:
         """File what the round realised, tokens per row and its time in plain steps of that many rows, with the
         guard and, for a speculative round of ``min_rows`` rows or more, under the arm it ran. The engine feeds
         the cost model itself. With the row ids (``rows``) each row's trust learns what its drafts got, and the
-        guard what each row realised (its tail check)."""
+        guard what each row realised (its tail check). ``round_log``, when set, gets each round as the guard sees it
+        (rows, whether it proposed, explored or re-measured, whether its batch size was held, tokens per row and
+        plain steps' time), as ``adaflash bench --round-log`` writes it."""
         if seconds <= 0 or not len(verify_lens):
             return
         row_ids, (rated, estimates) = rows, self._round_rates or (None, None)
@@ -353,6 +356,19 @@ class GoodputVerifyLength:
         measured = self.cost_model is not None and (self.cost_model.seconds or self.cost_model.batch_seconds)
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
         tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
+        if self.round_log is not None:  # what the guard is about to see, for replaying rules offline
+            self.round_log(
+                {
+                    "rows": rows,
+                    "proposed": speculative,
+                    "exploring": self.guard.exploring,
+                    "remeasuring": self.guard.remeasuring,
+                    "held": bucket in self.guard.held,
+                    "tokens": tokens,
+                    "steps": steps,
+                    "seconds": seconds,
+                }
+            )
         self.guard.record(bucket, speculative, tokens, steps, self.bandit.best_rate(bucket))
         if speculative and row_ids is not None and rows >= self.min_rows and len(row_ids) == rows:
             self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)

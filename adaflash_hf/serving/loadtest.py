@@ -81,6 +81,14 @@ class ConcurrencyBenchArgs:
     plot: str = field(
         default="bench_concurrency.png", metadata={"help": "Throughput against concurrency plot ('' to skip)."}
     )
+    round_log: str = field(
+        default="",
+        metadata={
+            "help": "A JSONL file to write every round of the adaptive method to, as its throughput guard sees it "
+            "(method, level, pass, rows, tokens per row, plain steps' time, ...): the input of "
+            "benchmarks/profile/guard_replay.py, which compares guard rules on it offline ('' to skip)."
+        },
+    )
 
     def __post_init__(self):
         levels = self.levels
@@ -281,6 +289,15 @@ def bench_prompts(args: ConcurrencyBenchArgs) -> list[str]:
     return mixed
 
 
+def _round_writer(file, method: str, where: dict):
+    """A policy's ``round_log``: one JSON line per round, with the method and the level and pass it served."""
+
+    def write(record: dict) -> None:
+        file.write(json.dumps({"method": method, **where, **record}) + "\n")
+
+    return write
+
+
 def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     import torch
 
@@ -297,6 +314,12 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     drafter = load_drafter(args.drafter, target, target_name=args.target)
     levels, methods = args.levels, args.method_list
     schedulers = {m: make_scheduler(m, target, drafter, tokenizer, max(levels), args.target) for m in methods}
+    where = {"concurrency": None, "pass": "warmup"}  # what the round log files rounds under
+    round_log = open(args.round_log, "w") if args.round_log else None  # noqa: SIM115 (closed in finally)
+    if round_log is not None:
+        for method, scheduler in schedulers.items():
+            if hasattr(scheduler.batch.policy, "round_log"):  # the adaptive policy (a fixed length has no guard)
+                scheduler.batch.policy.round_log = _round_writer(round_log, method, where)
     results = []
     print(
         f"[bench] {args.target} ({target.dtype}), drafter block {drafter.config.block_size}, "
@@ -312,6 +335,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
             serve_while(schedulers[method], drive, urls[method], method, mixed[-4:], 2, 16)
         offset, clock = 0, time.perf_counter()  # passes record their start relative to clock
         for level, concurrency in enumerate(levels):
+            where["concurrency"], where["pass"] = concurrency, "warmup"  # this level's unmeasured requests first
             count = args.requests or max(16, 2 * concurrency)
             prompts = [mixed[(offset + i) % (len(mixed) - 4)] for i in range(count)]
             offset += count
@@ -328,6 +352,7 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
                 )
             passes: dict[str, list] = {m: [] for m in methods}
             for repeat in range(args.repeats):
+                where["pass"] = repeat
                 for scheduler in schedulers.values():  # no pass reuses the warm-up's or an earlier pass's outputs
                     scheduler.drafting_state.forget_requests()
                 turn = (level + repeat) % len(methods)
@@ -373,6 +398,9 @@ def run_concurrency_bench(args: ConcurrencyBenchArgs) -> int:
     finally:
         for server in servers.values():
             server.__exit__()
+        if round_log is not None:
+            round_log.close()
+            print(f"[bench] wrote {args.round_log}", file=sys.stderr)
     results.sort(key=lambda r: (levels.index(r["concurrency"]), methods.index(r["method"])))
     print_table(results)
     payload = {

@@ -413,6 +413,8 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
             str(out),
             "--plot",
             "",
+            "--round-log",
+            str(tmp_path / "rounds.jsonl"),
         ]
     )
     torch.set_num_threads(threads)
@@ -420,6 +422,10 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
     payload = json.loads(out.read_text())
     results = payload["results"]
     assert payload["intervals"]["confidence"] == 0.95 and payload["intervals"]["min_passes"] == 2
+    rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rounds} == {"adaflash"}  # the adaptive policy's rounds; a fixed length has no guard
+    assert {(r["concurrency"], r["pass"]) for r in rounds} >= {(c, p) for c in (1, 2) for p in ("warmup", 0, 1)}
+    assert all(r["rows"] >= 1 and r["tokens"] >= 1 and r["steps"] > 0 and isinstance(r["held"], bool) for r in rounds)
     assert [(r["method"], r["concurrency"]) for r in results] == [
         (m, c) for c in (1, 2) for m in ("plain", "adaflash@2", "adaflash")
     ]
