@@ -340,8 +340,7 @@ class GoodputVerifyLength:
         guard and, for a speculative round of ``min_rows`` rows or more, under the arm it ran. The engine feeds
         the cost model itself. With the row ids (``rows``) each row's trust learns what its drafts got, and the
         guard what each row realised (its tail check). ``round_log``, when set, gets each round as the guard sees it
-        (rows, whether it proposed, explored or re-measured, whether its batch size was held, tokens per row and
-        plain steps' time), as ``adaflash bench --round-log`` writes it."""
+        (``adaflash bench --round-log``)."""
         if seconds <= 0 or not len(verify_lens):
             return
         row_ids, (rated, estimates) = rows, self._round_rates or (None, None)
@@ -357,18 +356,8 @@ class GoodputVerifyLength:
         plain_step = self.cost_model.cost_batch(rows, 1) if measured else 1.0
         tokens, steps = float((accept_lengths + 1).sum()) / rows, seconds / plain_step
         if self.round_log is not None:  # what the guard is about to see, for replaying rules offline
-            self.round_log(
-                {
-                    "rows": rows,
-                    "proposed": speculative,
-                    "exploring": self.guard.exploring,
-                    "remeasuring": self.guard.remeasuring,
-                    "held": bucket in self.guard.held,
-                    "tokens": tokens,
-                    "steps": steps,
-                    "seconds": seconds,
-                }
-            )
+            record = {"rows": rows, "proposed": speculative, "tokens": tokens, "steps": steps, "seconds": seconds}
+            self.round_log({**record, **self.guard.round_state(bucket)})
         self.guard.record(bucket, speculative, tokens, steps, self.bandit.best_rate(bucket))
         if speculative and row_ids is not None and rows >= self.min_rows and len(row_ids) == rows:
             self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)

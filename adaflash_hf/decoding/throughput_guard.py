@@ -264,6 +264,11 @@ class ThroughputGuard:
             else:
                 self.explore[bucket] = self.explore_every
 
+    def round_state(self, bucket: int) -> dict:
+        """Where the guard stands on the round it is about to file: whether it explored a held bucket, re-measured,
+        and whether the bucket is held (for round logs)."""
+        return {"exploring": self.exploring, "remeasuring": self.remeasuring, "held": bucket in self.held}
+
     def ran(self, bucket: int, speculative: bool) -> None:
         """Count rounds since each kind last ran in this bucket."""
         self.since[(bucket, speculative)] = 0
