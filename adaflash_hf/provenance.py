@@ -67,3 +67,13 @@ def script_provenance(command: str, machine_note: str = "") -> dict:
         "code_commit": commit,
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def write_script_json(path: str, command: str, machine_note: str, args, results) -> None:
+    """Write a benchmark script's JSON: its :func:`script_provenance`, its arguments (a dataclass) and its results."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    payload = {"provenance": script_provenance(command, machine_note), "args": dataclasses.asdict(args)}
+    Path(path).write_text(json.dumps({**payload, "results": results}, indent=2) + "\n")

@@ -22,7 +22,6 @@ cheaply; a served benchmark on a prompt split not used for tuning confirms the w
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import statistics
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from adaflash_hf.provenance import script_provenance
+    from adaflash_hf.provenance import write_script_json
 
     results = []
     for bucket, pool in pools.items():
@@ -191,12 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         command = "python benchmarks/profile/guard_replay.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        payload = {
-            "provenance": script_provenance(command, args.machine_note),
-            "args": dataclasses.asdict(args),
-            "results": results,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        write_script_json(args.json, command, args.machine_note, args, results)
         print(f"[guard-replay] wrote {args.json}", file=sys.stderr)
     return 0
 

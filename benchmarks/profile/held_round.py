@@ -15,12 +15,9 @@ Any target works: a preset (default ``smollm2-135m``) or a local folder with its
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import statistics
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from adaflash_hf.cli_args import (
     DTYPES,
@@ -125,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from adaflash_hf import load_target
     from adaflash_hf.drafters import load_drafter
-    from adaflash_hf.provenance import script_provenance
+    from adaflash_hf.provenance import write_script_json
     from adaflash_hf.serving.loadtest import make_scheduler
 
     if args.num_threads is not None:
@@ -153,12 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     if args.json:
         command = "python benchmarks/profile/held_round.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        payload = {
-            "provenance": script_provenance(command, args.machine_note),
-            "args": dataclasses.asdict(args),
-            "results": rows,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        write_script_json(args.json, command, args.machine_note, args, rows)
         print(f"[held-round] wrote {args.json}", file=sys.stderr)
     return 0
 
