@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .requests import QueueFull, RequestParams, RequestStream, ShuttingDown, TokenEvent
+from .requests import EngineNotRunning, QueueFull, RequestParams, RequestStream, ShuttingDown, TokenEvent
 
 
 class Admission:
     """The queue half of :class:`~.scheduler.Scheduler`: requests in, and the ones that join the next round."""
 
     def submit(self, prompt_ids: list[int], params: RequestParams) -> RequestStream:
-        """Queue a request; call from a running asyncio loop. Raises ValueError, :class:`QueueFull` or
-        :class:`ShuttingDown` (a `QueueFull`: the engine is draining)."""
+        """Queue a request; call from a running asyncio loop. Raises ValueError, :class:`QueueFull`,
+        :class:`ShuttingDown` (a `QueueFull`: the engine is draining) or :class:`EngineNotRunning` (a
+        `ShuttingDown` and a `RuntimeError`: the engine loop has not started or has ended)."""
         loop = asyncio.get_running_loop()
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
@@ -33,9 +34,9 @@ class Admission:
                 f"the prompt has {len(prompt_ids)} tokens and asks for {params.max_new_tokens} more, past this model's "
                 f"context of {self.max_context} tokens: shorten the prompt or lower max_tokens."
             )
-        if not self._running:
-            raise RuntimeError("the scheduler is not running: call start() or run() first.")
         with self._lock:
+            if not self._running and not self._draining:
+                raise EngineNotRunning("the scheduler is not running: call start() or run() first.", retry_after=5.0)
             if self._draining:
                 self.counters["rejected_shutting_down"] += 1
                 raise ShuttingDown(

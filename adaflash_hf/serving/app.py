@@ -60,7 +60,7 @@ def create_app(
         ModelCard,
         ModelList,
     )
-    from .requests import QueueFull, RequestParams, ShuttingDown
+    from .requests import EngineNotRunning, QueueFull, RequestParams, ShuttingDown
 
     if request_timeout is not None and not request_timeout > 0:
         raise ValueError(f"request_timeout={request_timeout}: must be > 0 seconds (None: no deadline).")
@@ -142,6 +142,15 @@ def create_app(
                 timeout=timeout,
             )
             stream = scheduler.submit(prompt_ids, params)
+        except EngineNotRunning as error:
+            raise RequestError(
+                503,
+                "the engine is not taking requests (it is starting or has stopped); retry shortly or on another "
+                "replica.",
+                type="server_error",
+                code="engine_not_running",
+                headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))},
+            ) from None
         except ShuttingDown as error:
             raise RequestError(
                 503,

@@ -104,6 +104,10 @@ class ShuttingDown(QueueFull):
     """The engine is draining before it stops and admits no new request (HTTP 503)."""
 
 
+class EngineNotRunning(ShuttingDown, RuntimeError):
+    """The engine loop is not running (never started, or ended): no request is admitted (HTTP 503)."""
+
+
 class RequestStream:
     """Async iterator of one request's :class:`TokenEvent`; the last event has ``finish_reason`` set."""
 

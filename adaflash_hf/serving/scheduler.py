@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -152,10 +153,13 @@ class Scheduler(Admission):
         self._thread = threading.Thread(target=self._engine, name="adaflash-engine", daemon=True)
         self._thread.start()
 
-    def run(self) -> None:
+    def run(self, on_start: Callable[[], None] | None = None) -> None:
         """Run the engine in the calling thread until :meth:`stop` is called from another thread
         (or a signal raises ``KeyboardInterrupt`` here). ``adaflash serve`` runs it in the main thread,
-        with the HTTP server in a background thread, so that one OS thread does all torch work."""
+        with the HTTP server in a background thread, so that one OS thread does all torch work.
+
+        ``on_start`` is called once the scheduler admits requests and before the loop begins (``serve`` opens
+        its port there, so that no request arrives before the scheduler takes it)."""
         with self._lock:
             if self._running:
                 raise RuntimeError("the scheduler is already running: call stop() first.")
@@ -163,6 +167,8 @@ class Scheduler(Admission):
             self._stopped.clear()
         self._thread = threading.current_thread()
         try:
+            if on_start is not None:
+                on_start()
             self._engine()
         finally:
             with self._lock:

@@ -10,6 +10,7 @@ process at once (exit status 128 + the signal's number).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -87,10 +88,15 @@ def serve(scheduler, app, host: str, port: int, drain_timeout: float) -> None:
     an engine thread beside a main thread that ran torch (libgomp; :mod:`.torch_thread`)."""
     scheduler.calibrate()  # here, before the port opens: no request waits behind the verify-cost profile
     DrainOnSignal(scheduler, drain_timeout).install()
-    try:
-        with ServerThread(app, host=host, port=port, log_level="info") as url:
+
+    with contextlib.ExitStack() as http:
+
+        def open_port() -> None:  # once the scheduler admits requests: the first one cannot find it closed
+            url = http.enter_context(ServerThread(app, host=host, port=port, log_level="info"))
             logger.info("serving %r (context %d tokens) on %s/v1", scheduler.model_name, scheduler.max_context, url)
-            scheduler.run()  # returns once drained (or stopped)
+
+        try:
+            scheduler.run(on_start=open_port)  # returns once drained (or stopped)
             logger.info("stopping: the engine has ended; closing the HTTP server")
-    finally:
-        scheduler.stop()  # stops the OPD trainer too
+        finally:
+            scheduler.stop()  # stops the OPD trainer too

@@ -24,6 +24,7 @@ import time
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from adaflash_hf.serving.requests import EngineNotRunning
 from adaflash_hf.serving.scheduler import QueueFull, RequestParams, ShuttingDown, TokenEvent
 
 REPLY = "Hello, wörld! Ça va? 你好，世界。 Emoji: 🙂🚀🎉 done."
@@ -193,7 +194,7 @@ class FakeScheduler:
         if self.reject is not None:
             raise ValueError(self.reject)
         if not self.running:
-            raise RuntimeError("the scheduler is not running: call start() first.")
+            raise EngineNotRunning("the scheduler is not running: call start() or run() first.", retry_after=5.0)
         if self.draining:
             raise ShuttingDown("the server is shutting down and takes no new requests; retry later.", retry_after=5)
         if self.queue_full:

@@ -522,6 +522,18 @@ def test_queue_full_is_429_with_retry_after(served, stream):
     assert_still_serving(served)
 
 
+def test_a_request_while_the_engine_is_not_running_is_503_with_retry_after(served):
+    served.scheduler.running = False  # as between the port opening and the engine loop, or after it ended
+    try:
+        response = served.post("/v1/completions", json=completion())
+    finally:
+        served.scheduler.running = True
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+    error = response.json()["error"]
+    assert error["code"] == "engine_not_running" and "retry shortly" in error["message"], error
+    assert_still_serving(served)
+
+
 @pytest.mark.parametrize(
     "path, body",
     [("/v1/completions", completion(max_tokens=100, stream=True)), ("/v1/chat/completions", chat(stream=True))],

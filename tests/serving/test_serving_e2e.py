@@ -267,6 +267,46 @@ def test_serve_drains_on_a_signal_and_stops_the_opd_trainer():
     assert trainer.calls == ["start", "stop"] and not scheduler.ready and scheduler.draining
 
 
+def test_serve_opens_its_port_only_once_the_scheduler_admits_requests(monkeypatch):
+    """A request that arrives the moment the port opens is queued, not refused: the scheduler admits before uvicorn
+    listens (a 500 "not running" to such a request was seen when the port opened first)."""
+    import signal
+
+    import httpx
+
+    from adaflash_hf.serving import server
+    from adaflash_hf.serving.app import create_app
+    from adaflash_hf.serving.scheduler import Scheduler, SchedulerConfig
+
+    target, drafter, tokenizer = tiny_chat_models(max_positions=64)
+    scheduler = Scheduler(
+        target, drafter, tokenizer, SchedulerConfig(max_batch_size=1, calibrate=False), model_name="t"
+    )
+    seen = []
+
+    class FirstRequestAtOnce(server.ServerThread):
+        def __enter__(self):
+            url = super().__enter__()
+            seen.append(scheduler.status()["running"])
+            body = {"model": "t", "prompt": [9, 40], "max_tokens": 2, "stream": False}
+            # not answered before the loop runs: a short timeout, and what matters is that it was not refused
+            try:
+                seen.append(httpx.post(f"{url}/v1/completions", json=body, timeout=0.5).status_code)
+            except httpx.TimeoutException:
+                seen.append("queued")
+            scheduler.stop()  # from the engine's own thread: the loop ends as soon as it starts
+            return url
+
+    monkeypatch.setattr(server, "ServerThread", FirstRequestAtOnce)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.serve(scheduler, create_app(scheduler, manage_scheduler=False), "127.0.0.1", free_port(), 5)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert seen == [True, "queued"], seen
+
+
 def test_adaflash_serve_as_a_process_answers_a_real_client_and_stops_on_sigterm(tmp_path):
     """The CLI as a user starts it: engine in the main thread, uvicorn beside it, the key from ADAFLASH_API_KEY.
     SIGTERM drains it: /health and new requests get 503 with Retry-After, the request in flight streams to its
