@@ -74,14 +74,8 @@ def within_slowdown(
     ``c`` the verify forward's estimated cost (ragged: by total tokens; else rows times the longest length),
     ``c_0`` that of one token per row (a plain step) and ``overhead`` what the round already spent proposing
     (the drafter's pass). lengths (b,) in [1, m + 1], rates (b, m) conditional acceptance rates -> (b,) lengths:
-    the chosen drafts are dropped least likely first, keeping the most of them that meet the bound.
-
-    Where the proposal alone already slows the least-served row past the bound, that cost is paid whatever the round
-    verifies, so the bound then applies to what the drafts add: they are kept while the row's slowdown stays within
-    ``max_slowdown`` times what the round costs it with no draft verified. (Dropping every draft there, as this once
-    did, made a batch with one row whose drafts are rarely accepted verify nothing at all once the drafter's pass
-    cost more than 5 % of a plain step: rounds that paid for proposals and gained one token a row, which held
-    speculation for whole levels of a served benchmark.)
+    the chosen drafts are dropped least likely first, keeping the most of them that meet the bound; where none
+    does (the proposal alone cost more than the bound allows), the ones whose round comes closest to it.
     """
     b, m = rates.shape
     drafts = (lengths.cpu() - 1).clamp(0, m)
@@ -103,7 +97,6 @@ def within_slowdown(
         widths = (counts.max(1).values + 1).long().tolist()  # rectangular: every row as long as the longest
         costs = torch.tensor([cost_model.cost_batch(b, w) for w in widths], dtype=torch.float32)
     slowdown = (overhead + costs) / costs[0] / expected.min(1).values  # (n + 1,)
-    paid = float(slowdown[0])  # the least-served row's slowdown with no draft verified: the proposal's cost alone
-    feasible = (slowdown <= max_slowdown * (paid if paid > max_slowdown else 1.0)).nonzero().flatten()
+    feasible = (slowdown <= max_slowdown).nonzero().flatten()
     keep = int(feasible.max()) if len(feasible) else int(slowdown.argmin())
     return 1 + torch.bincount(row_of[:keep], minlength=b).to(lengths.dtype)

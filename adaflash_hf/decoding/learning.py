@@ -47,19 +47,16 @@ def learn_from_round(
     """
     block = proposal.block
     rows = len(chunks)
-    # The drafter's cost per pass leaves its catching up out too: a pass after a hold, or over a joining row's prompt,
-    # reads far more context than the next one, and counted in full it made the drafter look several times dearer
-    # than it is (its row slowdown bound then cut every draft of the rounds that proved speculation after a hold).
-    drafter_seconds = 0.0 if block is None else block.seconds - block.catch_up
     state.observe_round(
         verified.num_tokens,
         verified.seconds,
-        None if block is None else drafter_seconds,
+        None if block is None else block.seconds,
         rows=rows,
         ragged=verified.ragged,
     )
     learn_acceptance(state, proposal.candidates or [], chunks)
     seconds = timer(device) - round_start - (0.0 if block is None else block.catch_up)
+    drafter_seconds = 0.0 if block is None else block.seconds - block.catch_up
     state.observe_extra(rows, proposed, seconds - verified.seconds - drafter_seconds)
     report_round(policy, verified.accept_lengths.cpu(), verified.num_drafts.cpu() + 1, seconds, proposed, row_ids)
 
