@@ -69,11 +69,16 @@ def script_provenance(command: str, machine_note: str = "") -> dict:
     }
 
 
-def write_script_json(path: str, command: str, machine_note: str, args, results) -> None:
-    """Write a benchmark script's JSON: its :func:`script_provenance`, its arguments (a dataclass) and its results."""
+def write_script_json(script: str, argv: list[str] | None, args, results) -> None:
+    """Write a benchmark script's JSON to ``args.json``: its :func:`script_provenance` (the command is ``python
+    script`` with ``argv``, or this process's arguments when None; ``args.machine_note`` after the machine), its
+    arguments (a dataclass) and its results; then say so on stderr."""
     import dataclasses
     import json
+    import sys
     from pathlib import Path
 
-    payload = {"provenance": script_provenance(command, machine_note), "args": dataclasses.asdict(args)}
-    Path(path).write_text(json.dumps({**payload, "results": results}, indent=2) + "\n")
+    command = f"python {script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    payload = {"provenance": script_provenance(command, args.machine_note), "args": dataclasses.asdict(args)}
+    Path(args.json).write_text(json.dumps({**payload, "results": results}, indent=2) + "\n")
+    print(f"[{Path(script).stem.replace('_', '-')}] wrote {args.json}", file=sys.stderr)

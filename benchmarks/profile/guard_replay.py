@@ -189,9 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "re-measuring/plain rounds"
     )
     if args.json:
-        command = "python benchmarks/profile/guard_replay.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        write_script_json(args.json, command, args.machine_note, args, results)
-        print(f"[guard-replay] wrote {args.json}", file=sys.stderr)
+        write_script_json("benchmarks/profile/guard_replay.py", argv, args, results)
     return 0
 
 

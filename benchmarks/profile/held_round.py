@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(plain, adaptive, prompts, args, target.device))
     print_table(rows)
     if args.json:
-        command = "python benchmarks/profile/held_round.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        write_script_json(args.json, command, args.machine_note, args, rows)
-        print(f"[held-round] wrote {args.json}", file=sys.stderr)
+        write_script_json("benchmarks/profile/held_round.py", argv, args, rows)
     return 0
 
 
