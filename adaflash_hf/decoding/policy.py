@@ -172,7 +172,8 @@ class GoodputVerifyLength:
       bound by the engine) over a plain step's is at most ``max_row_slowdown`` times the expected tokens of the
       batch's least-served row. A row gains at least one token per round, and every row waits for the whole
       round, so this bounds how much slower than plain decoding any request runs, which is what sets tail
-      latency under load. None: no bound.
+      latency under load. None (the default): no bound; where it is on, a weak row empties rounds whose
+      proposals were already paid for.
 
     Rows whose drafts are rarely accepted are rated by what they got (:class:`~.row_trust.RowTrust`), so their
     expected tokens, and with them the bound, follow the requests actually in the batch.
@@ -205,7 +206,7 @@ class GoodputVerifyLength:
     resume_z: float = 1.0
     resume_rounds: int = 12
     resume_min_rounds: int = 1
-    max_row_slowdown: float | None = 1.05
+    max_row_slowdown: float | None = None
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     round_log: Callable[[dict], None] | None = field(default=None, repr=False)  # sees every round update() files

@@ -205,7 +205,7 @@ def test_the_slowdown_bound_keeps_every_row_within_it_dropping_the_least_likely_
 def test_the_policy_bounds_each_rows_slowdown_in_batches_and_counts_the_drafters_pass():
     cost = _linear_cost(4, per_token=0.001)
     rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
-    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=())
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
     free = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=None)
     unbounded = free.verify_lens(rates, None)
     assert _slowdown(unbounded, rates, cost) > 1.05  # the goodput choice alone serves row 3 badly
@@ -218,10 +218,28 @@ def test_the_policy_bounds_each_rows_slowdown_in_batches_and_counts_the_drafters
     assert bounded.verify_lens(rates, None).equal(lengths)  # look-ups only: no drafter pass to count
 
 
+def test_by_default_no_bound_empties_a_round_whose_drafter_pass_is_already_paid_for():
+    """With a dear drafter pass the bound cannot be met; it then keeps the fewest drafts, often none, so the round
+    pays for its proposals and gains nothing. Off by default, the goodput choice stands."""
+    from adaflash_hf.decoding.goodput import ragged_verify_lens
+
+    cost = _linear_cost(4, per_token=0.002)
+    rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.15] * 6])  # row 3 gains one token: the bound's limit
+    dear = lambda rows: 0.5 * cost.cost_ragged(rows, rows)  # noqa: E731 (the drafter's pass: half a plain step)
+    default = GoodputVerifyLength(cost_model=cost, ragged=True, caps=())
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
+    default.drafter_cost = bounded.drafter_cost = dear
+    drafted = torch.zeros(4, 6, 8)  # the drafter proposed this round
+    assert default.max_row_slowdown is None
+    chosen = default.verify_lens(rates, drafted)
+    assert chosen.equal(ragged_verify_lens(rates, cost)) and chosen.sum() > 4
+    assert bounded.verify_lens(rates, drafted).tolist() == [1, 1, 1, 1]
+
+
 def test_the_slowdown_bound_counts_what_look_ups_and_the_tree_cost():
     cost = _linear_cost(4, per_token=0.001)
     rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
-    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=())
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
     lengths = bounded.verify_lens(rates, None)
     assert lengths.sum() > 4  # some drafts fit the bound with the forward priced alone
     overhead = 0.03 * cost.cost_ragged(4, 4)  # look-ups and the tree at 3 % of a plain step
