@@ -41,10 +41,9 @@ def learn_from_round(
     """Feed the round to everything that learns from it; ``chunks[i]`` are the tokens row i gained (``row_ids[i]``
     is its id, for policies that follow rows).
 
-    The policy is told the whole round's time since ``round_start``, the drafter's catching up included (on context
-    held back while it was skipped, and on new rows' prompts): resuming speculation and speculating while requests
-    join cost that much more than plain steps. The state is told what the round spent outside its verify forward and
-    drafter pass (:meth:`~.drafting_state.DraftingState.observe_extra`).
+    The policy is told the whole round's time since ``round_start``, less the drafter's catching up on context
+    held back while it was skipped (:func:`~.proposers.drafter.catch_up_seconds`); the state, what the round spent
+    outside its verify forward and drafter pass (:meth:`~.drafting_state.DraftingState.observe_extra`).
     """
     block = proposal.block
     rows = len(chunks)
@@ -56,8 +55,8 @@ def learn_from_round(
         ragged=verified.ragged,
     )
     learn_acceptance(state, proposal.candidates or [], chunks)
-    seconds = timer(device) - round_start
-    drafter_seconds = 0.0 if block is None else block.seconds
+    seconds = timer(device) - round_start - (0.0 if block is None else block.catch_up)
+    drafter_seconds = 0.0 if block is None else block.seconds - block.catch_up
     state.observe_extra(rows, proposed, seconds - verified.seconds - drafter_seconds)
     report_round(policy, verified.accept_lengths.cpu(), verified.num_drafts.cpu() + 1, seconds, proposed, row_ids)
 

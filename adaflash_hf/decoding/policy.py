@@ -159,7 +159,8 @@ class GoodputVerifyLength:
       speculative rounds of this batch size realise less than plain steps do; a held batch size resumes only once
       its explored rounds beat plain steps by ``resume_z`` standard errors (the last ``resume_rounds`` of them,
       ``resume_min_rounds`` at least).
-      The engine reports every round's whole time, the drafter's catching up on context held back included;
+      The engine reports a round that resumes drafting without the drafter's catching up on the context held
+      back meanwhile (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
       ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice
       or a fixed length, whichever has realised the most in its bucket; the guard compares plain steps with

@@ -222,15 +222,17 @@ def test_rounds_without_the_drafter_leave_the_target_cache_as_tight_as_plain_dec
     assert slots["drafter"] == slots["plain"]
 
 
-def test_the_round_that_ends_a_hold_reports_its_whole_time_the_drafters_catching_up_included(
-    target, drafter, monkeypatch
-):
+def test_the_round_that_ends_a_hold_reports_its_time_less_the_drafters_catching_up(target, drafter, monkeypatch):
     """Rounds that skip the drafter leave their features unread; the round that resumes drafting reads them all. The
-    policy is told that round's whole time, the drafter's catching up included: resuming speculation costs that much
-    more than plain steps, and judging speculation without it made it look cheaper under load than it was."""
+    policy is told that round's time less the catching-up share of the drafter pass (by tokens), so a long hold does
+    not make speculation look dearer than a drafter running every round would."""
     from adaflash_hf.decoding import learning, membership
     from adaflash_hf.decoding import state as state_module
     from adaflash_hf.decoding.proposers import drafter as drafter_module
+    from adaflash_hf.decoding.proposers.drafter import catch_up_seconds
+
+    assert catch_up_seconds(0.1, read=30, fresh=6, block=10) == pytest.approx(0.1 * 24 / 40)
+    assert catch_up_seconds(0.1, read=4, fresh=6, block=10) == 0.0  # nothing beyond one round's context
 
     class Hold:  # plain steps for 6 rounds, then drafts; records what each round reported
         def __init__(self):
@@ -270,5 +272,7 @@ def test_the_round_that_ends_a_hold_reports_its_whole_time_the_drafters_catching
     assert held == (0.0, False) and resumed[1] and steady[1]
     assert read[0] == 9 + 6  # the prompt and six held rounds' tokens, read at once
     block = drafter.config.block_size
-    assert resumed[0] == pytest.approx(0.001 * (read[0] + block))  # all it read, the held-back context included
-    assert steady[0] == pytest.approx(0.001 * (read[1] + block))
+    assert resumed[0] == pytest.approx(
+        0.001 * (read[0] + block) - 0.001 * (read[0] - 1)
+    )  # only the last round's token counts
+    assert steady[0] == pytest.approx(0.001 * (read[1] + block))  # a drafter running every round: nothing to subtract

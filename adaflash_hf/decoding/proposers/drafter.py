@@ -54,6 +54,15 @@ def draft_block(drafter, embed, anchors, context, context_pos, anchor_pos, key_m
     return out.last_hidden_state
 
 
+def catch_up_seconds(seconds: float, read: int, fresh: int, block: int) -> float:
+    """The part of a drafter pass spent catching up: the pass read ``read`` context tokens and drafted ``block``, and a
+    drafter that ran every round would have read only the last round's ``fresh`` tokens. The rest (rounds that skipped
+    the drafter, prompts of new rows) is a one-off cost of resuming speculation; by its share of the pass's tokens it is
+    kept out of the round time the policy judges speculation by, or a long hold of plain steps would make the round that
+    ends it look dearer the longer the hold was."""
+    return seconds * max(read - fresh, 0) / max(read + block, 1)
+
+
 class PendingContext:
     """Target features the drafter has not read yet, per row: chunks of (n, n*H) features and (n,) positions.
 
@@ -150,8 +159,8 @@ def drafter_feature(position: int, top_prob: float) -> tuple[int, int]:
 class DrafterBlock:
     """A drafter pass of one round: its drafts as target ids (b, n) and their top-1 probabilities (b, n), a
     scorer of any tokens (:class:`~..draft_head.BlockScorer`), the draft-vocabulary logits (b, n, V_draft) and
-    hidden states (b, B, H) (the length head reads them) and the pass's seconds, catching up on context held back
-    or on new rows' prompts included. ``failed``: rows whose drafts are unusable
+    hidden states (b, B, H) (the length head reads them), the pass's seconds and the part of them spent
+    catching up on context held back (:func:`catch_up_seconds`). ``failed``: rows whose drafts are unusable
     (the pass raised, or gave them non-finite probabilities); they take a plain step this round."""
 
     tokens: torch.Tensor
@@ -160,6 +169,7 @@ class DrafterBlock:
     logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     seconds: float = 0.0
+    catch_up: float = 0.0
     failed: list[int] = field(default_factory=list)
 
     def candidates(self, limit: int) -> list[Candidate | None]:
@@ -193,6 +203,7 @@ class DrafterProposer:
         self.cache = RaggedCache()
         self.draft_mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self.pending: PendingContext | None = None
+        self.fresh_context = 0  # context tokens the last round left unread: what a drafter that runs every round reads
 
     def features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The target features (b, T, n*H) the drafter reads, from a forward's hidden states."""
@@ -250,10 +261,13 @@ class DrafterProposer:
             )
         self.draft_mask = key_mask  # the drafter read the unread context into its cache
         seconds = timer(self.device) - tick
+        catch_up = catch_up_seconds(
+            seconds, int(context_mask.sum()), self.fresh_context, hidden.shape[0] * hidden.shape[1]
+        )
         failed = (~torch.isfinite(top_probs).all(-1)).nonzero().flatten().tolist()
         if failed:
             logger.warning("The drafter gave non-finite probabilities to %d rows; they take a plain step.", len(failed))
-        return DrafterBlock(tokens, top_probs, self.head.scorer(logits), logits, hidden, seconds, failed=failed)
+        return DrafterBlock(tokens, top_probs, self.head.scorer(logits), logits, hidden, seconds, catch_up, failed)
 
     def _restart(
         self, row_ids: Sequence[Hashable], context: torch.Tensor, context_pos: torch.Tensor, context_mask: torch.Tensor
@@ -276,7 +290,8 @@ class DrafterProposer:
     ) -> None:
         """The round's accepted slots (per row, of the verify features (b, g + 1, n*H) at positions (b, g + 1)) wait
         for the drafter's next pass; a chain's accepted slots are a prefix."""
-        if sum(map(len, slots)) == len(slots):  # every row kept only its anchor (a held round): one batch-wide chunk
+        self.fresh_context = sum(map(len, slots))
+        if self.fresh_context == len(slots):  # every row kept only its anchor (a held round): one batch-wide chunk
             self.pending.add_batch(row_ids, features[:, 0], positions[:, 0])
             return
         for i, (row, index) in enumerate(zip(row_ids, slots)):
