@@ -146,7 +146,7 @@ class FixedVerifyLength:
 class GoodputVerifyLength:
     """Maximise expected tokens per second: sum over rows of (1 + E[accepted | g drafts]) / cost(b rows, g + 1).
 
-    Three mechanisms, composed here:
+    Four mechanisms, composed here (the last opt-in):
 
     - the goodput choice (:mod:`.goodput`): E comes from the proposal's estimated acceptance rates; cost from a
       :class:`VerifyCostModel`, measured on this machine as rounds run (the engine binds the drafting state's
@@ -165,7 +165,7 @@ class GoodputVerifyLength:
       ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice
       or a fixed length, whichever has realised the most in its bucket; the guard compares plain steps with
       that arm's rounds;
-    - the row slowdown bound (``max_row_slowdown``, :func:`~.goodput.within_slowdown`): in a batch of
+    - the row slowdown bound (opt-in, ``max_row_slowdown``, :func:`~.goodput.within_slowdown`): in a batch of
       ``min_rows`` rows or more, whatever chose the lengths, drafts are dropped, least likely first, until the
       round's estimated cost (the drafter's pass, ``drafter_cost``, and what a proposing round spends beyond a
       plain step on look-ups, the draft tree and bookkeeping, ``proposal_overhead``, included; both measured and
