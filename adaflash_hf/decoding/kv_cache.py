@@ -53,6 +53,13 @@ class GrowingLayer(DynamicLayer):
         self._values = tensor
         self._lengths[1] = _seq_length(tensor)
 
+    def assign(self, name: str, buffer: torch.Tensor, length: int) -> None:
+        """Make ``buffer`` (b, heads, capacity, d) the ``"keys"`` or ``"values"`` buffer, its first ``length`` slots
+        valid (the rest is spare room)."""
+        which = ("keys", "values").index(name)
+        setattr(self, f"_{name}", buffer)
+        self._lengths[which] = length
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.keys = self.values = None
@@ -111,15 +118,61 @@ class RaggedCache(DynamicCache):
 
 
 def relayout_cache(cache: DynamicCache, index: torch.Tensor) -> None:
-    """Rebuild every layer as ``new[i, :, j] = old[i, :, index[i, j]]``; index -1 makes a zero (masked) slot."""
-    holes = index < 0
-    gather = index.clamp_min(0)
+    """Rebuild every layer as ``new[i, :, j] = old[i, :, index[i, j]]``; index -1 makes a zero (masked) slot.
+
+    One ``index_select`` of (head, slot) rows per layer tensor, straight out of its buffer: a gather with an index
+    expanded over heads and head dimensions, then a masked fill, took 12 times longer (a 32-row SmolLM2 cache of
+    403 slots: 232 ms against 20 ms on a 2-core CPU, two rounds' worth). A :class:`GrowingLayer` gets its new
+    buffer with spare room, so its next update does not copy the cache again.
+    """
+    holes = (index < 0).nonzero(as_tuple=True)  # (rows, slots) to zero
+    source = index.clamp_min(0)
+    width = index.shape[1]
+    flat: dict[tuple, torch.Tensor] = {}  # the layers' tensors share their layout: one index for all
     for layer in cache.layers:
+        growing = isinstance(layer, GrowingLayer)
+        capacity = width + max(GrowingLayer.spare, width // 4) if growing else width
         for name in ("keys", "values"):
             old = getattr(layer, name)
+            rows, strides = _slot_rows(old)
+            key = (strides, old.shape[1], capacity)
+            if key not in flat:
+                flat[key] = _flat_index(source, old.shape[1], strides, capacity)
             b, h, _, d = old.shape
-            new = old.gather(2, gather[:, None, :, None].expand(b, h, gather.shape[1], d))
-            setattr(layer, name, new.masked_fill(holes[:, None, :, None], 0))
+            new = rows.index_select(0, flat[key]).view(b, h, capacity, d)
+            if holes[0].numel():
+                new[holes[0], :, holes[1]] = 0
+            if growing:
+                layer.assign(name, new, width)
+            else:
+                setattr(layer, name, new)
+
+
+def _slot_rows(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """A (b, h, S, d) tensor as rows of d over its storage, and the row strides of its batch and head dims.
+
+    A view of a :class:`GrowingLayer` buffer (its slot and feature dims dense) is read in place; any other
+    layout is copied first."""
+    d = x.shape[-1]
+    dense = x.stride(-1) == 1 and x.stride(-2) == d and x.stride(0) % d == 0 and x.stride(1) % d == 0
+    if not dense:
+        x = x.contiguous()
+    b, h, slots, _ = x.shape
+    count = ((b - 1) * x.stride(0) + (h - 1) * x.stride(1)) // d + slots if x.numel() else 0
+    return x.as_strided((count, d), (d, 1)), (x.stride(0) // d, x.stride(1) // d)
+
+
+def _flat_index(source: torch.Tensor, heads: int, strides: tuple[int, int], capacity: int) -> torch.Tensor:
+    """Row numbers of ``new[i, head, j] = old[i, head, source[i, j]]`` over (b, heads, capacity); the spare slots
+    past the index read slot 0 (never valid: the layer's length ends before them)."""
+    b, width = source.shape
+    base = (
+        torch.arange(b, device=source.device)[:, None] * strides[0]
+        + torch.arange(heads, device=source.device) * strides[1]
+    )
+    out = base[:, :, None].expand(b, heads, capacity).clone()
+    out[:, :, :width] += source[:, None, :]
+    return out.view(-1)
 
 
 def packed_index(mask: torch.Tensor) -> torch.Tensor:
@@ -148,16 +201,24 @@ def take_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return gathered.masked_fill((index < 0).view(*index.shape, *([1] * (x.dim() - 2))), 0)
 
 
-def pack_cache(cache: DynamicCache, mask: torch.Tensor, force: bool, min_slots: int) -> torch.Tensor:
+# Pack once an eighth of the slots can go: at 32 rows on a 2-core EPYC, 1/8 against 1/4 raised the adaptive
+# engine's throughput from 0.93x to 1.03x plain at 16 rows and from 0.98x to 1.02x at 32 (3 interleaved
+# passes each, held-out tuning prompts); a relayout costs about a third of a held round.
+COMPACT_FRACTION = 0.125
+
+
+def pack_cache(
+    cache: DynamicCache, mask: torch.Tensor, force: bool, min_slots: int, min_fraction: float = COMPACT_FRACTION
+) -> torch.Tensor:
     """Right-align every row's valid slots of ``cache``; returns the new (b, S') mask.
 
     Rows keep different numbers of tokens, so packing can only free the columns that every row has a hole
     in after right-alignment; without ``force`` a cache is packed once it has at least ``min_slots`` slots
-    and those columns are a quarter of them.
+    and those columns are ``min_fraction`` of them.
     """
     slots = mask.shape[1]
     removable = slots - int(mask.sum(-1).max()) if slots else 0  # slot columns that packing would free
-    if removable == 0 or (not force and (slots < min_slots or removable * 4 < slots)):
+    if removable == 0 or (not force and (slots < min_slots or removable < min_fraction * slots)):
         return mask
     index = packed_index(mask)
     relayout_cache(cache, index)

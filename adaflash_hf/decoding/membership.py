@@ -181,6 +181,8 @@ class BatchMembership:
 
     def _compact(self, force: bool = True) -> None:
         """Squeeze holes out of both caches, each on its own (:func:`~.kv_cache.pack_cache`)."""
-        self.slot_mask = pack_cache(self.target_cache, self.slot_mask, force, self.compact_min_slots)
+        self.slot_mask = pack_cache(
+            self.target_cache, self.slot_mask, force, self.compact_min_slots, self.compact_fraction
+        )
         if self.drafter_proposer is not None:
-            self.drafter_proposer.compact(force, self.compact_min_slots)
+            self.drafter_proposer.compact(force, self.compact_min_slots, self.compact_fraction)

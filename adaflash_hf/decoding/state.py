@@ -34,7 +34,7 @@ from .config import DraftingConfig
 from .cost import timer
 from .draft_tree import checked_along_paths, is_chain
 from .drafting_state import DraftingState, default_drafting_state
-from .kv_cache import RaggedCache
+from .kv_cache import COMPACT_FRACTION, RaggedCache
 from .learning import VerifiedRound, learn_from_round
 from .membership import BatchMembership
 from .outputs import RoundStats
@@ -96,7 +96,8 @@ class SpeculativeBatch(BatchMembership):
             with min(1, p/q)); otherwise drafts are deterministic (also exact).
         generator: torch RNG for sampling.
         on_round: called with each round's :class:`RoundStats` (and once per join with the prefill time).
-        compact_min_slots: squeeze holes out of the caches once they exceed half of at least this many slots.
+        compact_min_slots: squeeze holes out of the caches only once they have at least this many slots...
+        compact_fraction: ...and packing would free this fraction of them.
         observer: a :class:`~.recording.RoundObserver` (trajectory recording, adapter swaps between
             rounds); None costs nothing.
     """
@@ -113,6 +114,7 @@ class SpeculativeBatch(BatchMembership):
         generator: torch.Generator | None = None,
         on_round: Callable[[RoundStats], None] | None = None,
         compact_min_slots: int = 256,
+        compact_fraction: float = COMPACT_FRACTION,
         observer: RoundObserver | None = None,
     ):
         self.target, self.drafter = target, drafter
@@ -130,7 +132,7 @@ class SpeculativeBatch(BatchMembership):
                 self.policy.proposal_overhead = self.state.proposal_overhead
             self.policy.ragged = self.ragged
         self.draft_sampling, self.generator, self.on_round = draft_sampling, generator, on_round
-        self.compact_min_slots, self.observer = compact_min_slots, observer
+        self.compact_min_slots, self.compact_fraction, self.observer = compact_min_slots, compact_fraction, observer
         self.drafter_proposer = DrafterProposer(drafter, target) if self.use_drafter else None
         self.hidden_request = None if self.drafter_proposer is None else self.drafter_proposer.hidden_request
         self.vocab_size = target.get_output_embeddings().weight.shape[0]

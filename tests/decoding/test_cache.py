@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from adaflash_hf._compat import CACHE_KWARG
-from adaflash_hf.decoding.kv_cache import GrowingLayer, RaggedCache
+from adaflash_hf.decoding.kv_cache import GrowingLayer, RaggedCache, relayout_cache
 
 
 def random_states(generator, b=3, h=2, n=1, d=4):
@@ -76,3 +76,28 @@ def test_a_model_decodes_the_same_logits_with_either_cache(target):
             logits.append(target(input_ids=ids[:, :2], use_cache=True, **{CACHE_KWARG: cache}).logits)
         outputs.append(torch.cat(logits, 1))
     assert torch.equal(outputs[0], outputs[1])
+
+
+def test_relayout_moves_every_slot_of_a_grown_cache_and_later_updates_append_after_it():
+    """relayout_cache reads a GrowingLayer's buffer in place (spare room included in its strides): it must equal a
+    plain gather, zero the holes, and leave the layer's length at the new width."""
+    generator = torch.Generator().manual_seed(5)
+    cache = RaggedCache()
+    for n in (7, 1, 1, 3):  # a prompt, then decode steps: the buffers have spare room
+        cache.update(*random_states(generator, n=n), 0)
+        cache.update(*random_states(generator, n=n), 1)
+    old = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    slots = old[0][0].shape[2]
+    index = torch.stack([torch.randint(-1, slots, (slots + 2,), generator=generator) for _ in range(3)])
+    relayout_cache(cache, index)
+    for layer, (keys, values) in zip(cache.layers, old):
+        for new, before in ((layer.keys, keys), (layer.values, values)):
+            expected = before.gather(2, index.clamp_min(0)[:, None, :, None].expand(3, 2, slots + 2, 4))
+            expected = expected.masked_fill((index < 0)[:, None, :, None], 0)
+            assert torch.equal(new, expected)
+        assert layer.get_seq_length() == slots + 2
+    relaid = cache.layers[0].keys.clone()
+    k, v = random_states(generator, n=2)
+    out_k, out_v = cache.update(k, v, 0)
+    assert out_k.shape[2] == slots + 4 and torch.equal(out_k[:, :, -2:], k) and torch.equal(out_v[:, :, -2:], v)
+    assert torch.equal(out_k[:, :, : slots + 2], relaid)

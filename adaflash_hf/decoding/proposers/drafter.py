@@ -18,7 +18,7 @@ import torch
 from ..._compat import engine_attention
 from ..cost import timer
 from ..draft_head import DraftHead, top_probs_and_tokens
-from ..kv_cache import RaggedCache, append_rows, is_initialized, move_rows, pack_cache
+from ..kv_cache import COMPACT_FRACTION, RaggedCache, append_rows, is_initialized, move_rows, pack_cache
 from .base import Candidate
 
 logger = logging.getLogger(__name__)
@@ -233,9 +233,9 @@ class DrafterProposer:
             self.pending.drop(row)
         move_rows(self.cache, holes, movers, size)
 
-    def compact(self, force: bool, min_slots: int) -> None:
+    def compact(self, force: bool, min_slots: int, min_fraction: float = COMPACT_FRACTION) -> None:
         if is_initialized(self.cache):
-            self.draft_mask = pack_cache(self.cache, self.draft_mask, force, min_slots)
+            self.draft_mask = pack_cache(self.cache, self.draft_mask, force, min_slots, min_fraction)
 
     def propose(
         self, row_ids: Sequence[Hashable], anchors: torch.Tensor, anchor_pos: torch.Tensor, max_len: int | None
