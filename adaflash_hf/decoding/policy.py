@@ -155,10 +155,11 @@ class GoodputVerifyLength:
       forwards (``ragged``, set by the engine for SDPA targets) each row gets its own length
       (:func:`~.goodput.ragged_verify_lens`);
     - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``,
-      ``resume_z`` and ``resume_rounds``): before anything is proposed (:meth:`wants_drafts`), plain steps while
+      ``resume_z`` to ``hold_z``): before anything is proposed (:meth:`wants_drafts`), plain steps while
       speculative rounds of this batch size realise less than plain steps do; a held batch size resumes only once
       its explored rounds beat plain steps by ``resume_z`` standard errors (the last ``resume_rounds`` of them,
-      ``resume_min_rounds`` at least).
+      ``resume_min_rounds`` at least); with ``hold_z`` > 0 (opt-in) a speculating batch size is held only once its
+      last rounds lose by ``hold_z`` standard errors.
       The engine reports a round that resumes drafting without the drafter's catching up on the context held
       back meanwhile (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
@@ -206,6 +207,7 @@ class GoodputVerifyLength:
     resume_z: float = 1.0
     resume_rounds: int = 12
     resume_min_rounds: int = 1
+    hold_z: float = 0.0
     max_row_slowdown: float | None = None
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
@@ -241,6 +243,7 @@ class GoodputVerifyLength:
             self.resume_z,
             self.resume_rounds,
             self.resume_min_rounds,
+            self.hold_z,
         )
         self.trust = RowTrust()
         self.bandit = CapBandit(

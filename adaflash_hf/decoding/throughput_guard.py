@@ -36,7 +36,9 @@ re-measures (``remeasuring``: the policy verifies every row up to a cap there, t
 bucket's cost model forgot); the burst's other rounds run as speculation would if resumed, and only they count for
 resuming (with ``burst_rounds`` 1, the one round counts): on a 2-core Xeon at 28-31 rows, rounds verified up to a
 cap realised 1.44 times plain steps' rate, the policy's own rounds after them 1.07 times. A bucket that is
-speculating is held as soon as its point estimate falls below the bar.
+speculating is held as soon as its point estimate falls below the bar; with ``hold_z`` > 0 (opt-in) only once its
+last ``resume_rounds`` speculative rounds also lose with that many standard errors of confidence, so that a few
+rounds of bad acceptance do not hold a batch size where speculation pays.
 
 Speculation is judged by the lower of two rates (:meth:`ThroughputGuard.speculative_rate`): ``spec_rate``, what its
 rounds realise under their best verify-length cap (:class:`~.cap_bandit.CapBandit`), which the caller passes in, and
@@ -71,6 +73,7 @@ class ThroughputGuard:
     resume_z: float = 1.0
     resume_rounds: int = 12
     resume_min_rounds: int = 1
+    hold_z: float = 0.0
     realised: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> [decayed tokens, decayed time]
     since: dict = field(default_factory=dict)  # (rows bucket, speculative?) -> rounds since that kind ran
     explore: dict = field(default_factory=dict)  # rows bucket -> rounds between explored speculative rounds
@@ -81,6 +84,7 @@ class ThroughputGuard:
     row_realised: dict = field(default_factory=dict)  # rows bucket -> OrderedDict(row -> [tokens, steps, rounds])
     held: dict = field(default_factory=dict)  # held rows bucket -> its explored rounds' (tokens, steps) since
     own: dict = field(default_factory=dict)  # rows bucket -> [decayed tokens, decayed time] of rounds not re-measuring
+    recent: dict = field(default_factory=dict)  # rows bucket -> its last speculative rounds' (tokens, steps), as own
 
     def __post_init__(self):
         tolerance = self.tail_tolerance
@@ -89,10 +93,10 @@ class ThroughputGuard:
                 f"tail_quantile={self.tail_quantile}, tail_tolerance={tolerance}, tail_rows={self.tail_rows}: need "
                 "0 <= tail_quantile <= 1, tail_tolerance None (no tail check) or > 0, and tail_rows >= 1."
             )
-        if self.resume_z < 0 or not 1 <= self.resume_min_rounds <= self.resume_rounds:
+        if self.resume_z < 0 or self.hold_z < 0 or not 1 <= self.resume_min_rounds <= self.resume_rounds:
             raise ValueError(
-                f"resume_z={self.resume_z}, resume_min_rounds={self.resume_min_rounds}, resume_rounds="
-                f"{self.resume_rounds}: need resume_z >= 0 (0: resume on the pooled rate alone) and "
+                f"resume_z={self.resume_z}, hold_z={self.hold_z}, resume_min_rounds={self.resume_min_rounds}, "
+                f"resume_rounds={self.resume_rounds}: need resume_z and hold_z >= 0 (0: the pooled rate alone) and "
                 "1 <= resume_min_rounds <= resume_rounds."
             )
 
@@ -145,17 +149,16 @@ class ThroughputGuard:
 
     def resume_bound(self, bucket: int) -> float | None:
         """The lower confidence bound (``resume_z`` standard errors) of what the explored rounds since this bucket's
-        hold realised, tokens over time pooled; None before any. The standard error is the ratio estimator's
-        (residuals of tokens against the pooled rate times steps), scaled by n / (n - 1); one round gives its rate."""
-        rounds = self.held.get(bucket)
-        if not rounds:
-            return None
-        tokens, steps = sum(t for t, _ in rounds), sum(s for _, s in rounds)
-        rate, n = tokens / steps, len(rounds)
-        if n < 2 or self.resume_z == 0:
-            return rate
-        spread = sum((t - rate * s) ** 2 for t, s in rounds) * n / (n - 1)
-        return rate - self.resume_z * math.sqrt(spread) / steps
+        hold realised, tokens over time pooled; None before any (:func:`pooled_bound`)."""
+        return pooled_bound(self.held.get(bucket), -self.resume_z)
+
+    def confidently_losing(self, bucket: int, spec_rate: float | None) -> bool:
+        """Whether a speculating bucket loses (:meth:`losing`) and, with ``hold_z`` > 0, its last speculative
+        rounds' upper confidence bound (``hold_z`` standard errors) loses too."""
+        if not self.losing(bucket, spec_rate):
+            return False
+        upper = pooled_bound(self.recent.get(bucket), self.hold_z) if self.hold_z > 0 else None
+        return upper is None or self.loses(bucket, self.rate(bucket, False), upper)
 
     def proven(self, bucket: int) -> bool:
         """Whether the explored rounds since this bucket's hold beat plain steps with confidence (:meth:`resume_bound`
@@ -206,7 +209,7 @@ class ThroughputGuard:
         if bucket in self.held:  # held: resume only once explored rounds beat plain steps with confidence
             hold = not self.proven(bucket)
         else:  # speculating: hold as soon as the point estimate loses
-            hold = self.losing(bucket, spec_rate)
+            hold = self.confidently_losing(bucket, spec_rate)
             if hold:
                 self.held[bucket] = deque(maxlen=self.resume_rounds)
         if not hold:
@@ -243,6 +246,7 @@ class ThroughputGuard:
             own = self.own.setdefault(bucket, [0.0, 0.0])
             own[0] += tokens
             own[1] += steps
+            self.recent.setdefault(bucket, deque(maxlen=self.resume_rounds)).append((tokens, steps))
         if speculative and bucket in self.held and (not self.remeasuring or self.burst_rounds == 1):
             self.held[bucket].append((tokens, steps))  # an explored round run as resumed speculation would run
         plain = self.rate(bucket, False)
@@ -273,3 +277,17 @@ class ThroughputGuard:
         """Count rounds since each kind last ran in this bucket."""
         self.since[(bucket, speculative)] = 0
         self.since[(bucket, not speculative)] = self.since.get((bucket, not speculative), 0) + 1
+
+
+def pooled_bound(rounds: Sequence[tuple[float, float]] | None, z: float) -> float | None:
+    """``rounds``' pooled rate (tokens over steps) plus ``z`` standard errors; None without rounds. The standard error
+    is the ratio estimator's (residuals of tokens against the pooled rate times steps), scaled by n / (n - 1); one
+    round, or ``z`` 0, gives the pooled rate."""
+    if not rounds:
+        return None
+    tokens, steps = sum(t for t, _ in rounds), sum(s for _, s in rounds)
+    rate, n = tokens / steps, len(rounds)
+    if n < 2 or z == 0:
+        return rate
+    spread = sum((t - rate * s) ** 2 for t, s in rounds) * n / (n - 1)
+    return rate + z * math.sqrt(spread) / steps

@@ -23,7 +23,7 @@ from adaflash_hf.decoding.policy import verify_limit
 from adaflash_hf.decoding.proposers import drafter as drafter_module
 from adaflash_hf.decoding.proposers.drafter import DrafterBlock, drafter_bucket
 from adaflash_hf.decoding.proposers.hybrid import HybridProposer
-from adaflash_hf.decoding.throughput_guard import ThroughputGuard
+from adaflash_hf.decoding.throughput_guard import ThroughputGuard, pooled_bound
 from adaflash_hf.dflash_format import save_dflash_checkpoint
 from adaflash_hf.training.data import TrainingSequence
 from adaflash_hf.training.vocab import coverage, most_frequent, response_token_counts
@@ -319,6 +319,32 @@ def test_a_speculating_batch_size_is_judged_by_what_its_rounds_realised_not_only
     for _ in range(6):
         steady.record(5, True, 2.6, 2.0, 1.3)
     assert steady.allows(16, 1.3)
+
+
+def test_with_hold_z_a_speculating_batch_size_is_held_only_once_its_rounds_lose_with_confidence():
+    """A burst of bad rounds among good ones drags the point estimate under plain's: held at once by default, not with
+    hold_z, which needs the recent rounds' upper bound under plain's too; rounds that lose steadily are held either
+    way."""
+
+    def guard_after(rounds: list[tuple[float, float]], hold_z: float) -> ThroughputGuard:
+        guard = ThroughputGuard(desync_per_row=0.0, min_evidence=100, hold_z=hold_z)
+        guard.record(3, False, 1.0, 1.0, None)  # plain steps of 4 rows: 1 token a row per step
+        for tokens, steps in rounds:
+            guard.record(3, True, tokens, steps, None)
+        return guard
+
+    mixed = [(2.0, 1.3)] * 8 + [(1.0, 2.0)] * 4  # good rounds, then four dear ones whose drafts all failed
+    assert guard_after(mixed, 0.0).own_rate(3) < 1 / 1.02  # the decayed point estimate loses
+    assert not guard_after(mixed, 0.0).allows(4, None)  # held on it
+    doubtful = guard_after(mixed, 1.0)
+    upper = pooled_bound(doubtful.recent[3], 1.0)
+    assert upper is not None and upper * 1.02 >= 1.0  # the last 12 rounds do not lose with confidence
+    assert doubtful.allows(4, None) and 3 not in doubtful.held
+    steady = [(1.0, 1.3), (1.1, 1.3)] * 6  # every round loses
+    assert pooled_bound(guard_after(steady, 1.0).recent[3], 1.0) * 1.02 < 1.0
+    assert not guard_after(steady, 1.0).allows(4, None)
+    with pytest.raises(ValueError, match="hold_z"):
+        ThroughputGuard(hold_z=-0.5)
 
 
 def test_a_re_measuring_round_vouches_for_no_arm():
