@@ -351,6 +351,7 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
     ("training/smollm2-135m-cached-responses-2-metrics.jsonl", "cached features, responses, continued again", 1),
     ("training/smollm2-135m-cached-responses-3-metrics.jsonl", "cached features, responses, a third 85 minutes", 1),
     ("training/smollm2-135m-cached-sampled-metrics.jsonl", "cached features, greedy + sampled answers, 45 minutes", 2),
+    ("training/smollm2-135m-cached-sampled-2-metrics.jsonl", "greedy + sampled answers, 24,000 steps more", 2),
 )
 MAX_EVALS_SHOWN = 12  # a longer run shows step 0, the first evaluation past each doubling of steps, and its last
 

@@ -6,6 +6,7 @@ rerun of the same ``output_dir`` resumes where the last one stopped.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -19,6 +20,18 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     """The newest ``checkpoints/step_N`` under ``output_dir``, or None before the first."""
     found = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     return found[-1] if found else None
+
+
+def trim_metrics(metrics_path: Path, step: int) -> int:
+    """Drop the records of ``metrics.jsonl`` past ``step`` (the checkpoint a run resumes from; -1 for a fresh run),
+    so that the steps a resumed run repeats are logged once; returns how many were dropped."""
+    if not metrics_path.exists():
+        return 0
+    lines = [line for line in metrics_path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) < len(lines):
+        metrics_path.write_text("".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
 
 
 def save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generator: torch.Generator) -> None:

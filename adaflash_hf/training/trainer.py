@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import sample_anchors
-from .checkpointing import latest_checkpoint, save_checkpoint
+from .checkpointing import latest_checkpoint, save_checkpoint, trim_metrics
 from .configs import TrainDrafterConfig
 from .data import (
     Batch,
@@ -256,6 +256,8 @@ def train_drafter(
         return autocast_in(accelerator.device, dtype)
 
     metrics_path = output_dir / "metrics.jsonl"
+    if processes.is_main:
+        trim_metrics(metrics_path, state["step"] if latest is not None else -1)
     metrics = metrics_path.open("a") if processes.is_main else None
 
     def log(record: dict) -> None:

@@ -282,6 +282,8 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
         assert torch.equal(a, b), name  # the last checkpoint is the final drafter
 
     first_leg = torch.load(tmp_path / "run" / "checkpoints" / "step_3" / "checkpoint.pt", weights_only=False)["state"]
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as f:  # a process killed after logging past its checkpoint
+        f.write(json.dumps({"kind": "eval", "step": 4, "lost": True}) + "\n")
     with caplog.at_level("INFO", logger="adaflash_hf.training.trainer"):
         train_drafter(TrainDrafterConfig(max_steps=5, **common), target, tokenizer)
     assert "resumed from" in caplog.text and "(step 3)" in caplog.text
@@ -289,7 +291,10 @@ def test_tiny_run_checkpoints_and_resumes(tmp_path, caplog):
     assert summary["steps"] == 5
     assert summary["wall_minutes"] > first_leg["wall_minutes"] > 0  # wall time adds up over resumed processes
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in evals if r["kind"] == "eval"] == [2, 3, 4, 5]
+    assert [r["step"] for r in evals if r["kind"] == "eval"] == [2, 3, 4, 5]  # step 4 logged once, by the resumed run
+    assert not any(r.get("lost") for r in evals)
+    train_steps = [r["step"] for r in evals if r["kind"] == "train"]
+    assert train_steps == sorted(set(train_steps))
     assert (tmp_path / "run" / "curves.png").exists()
 
 
