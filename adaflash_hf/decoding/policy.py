@@ -156,16 +156,14 @@ class GoodputVerifyLength:
       (:func:`~.goodput.ragged_verify_lens`);
     - the throughput guard (:class:`~.throughput_guard.ThroughputGuard`, fields ``margin`` to ``min_rows``,
       ``resume_z`` to ``hold_z``): before anything is proposed (:meth:`wants_drafts`), plain steps while
-      speculative rounds of this batch size realise less than plain steps do; a held batch size resumes only once
-      its explored rounds beat plain steps by ``resume_z`` standard errors (the last ``resume_rounds`` of them,
-      ``resume_min_rounds`` at least); with ``hold_z`` > 0 (opt-in) a speculating batch size is held only once its
-      last rounds lose by ``hold_z`` standard errors.
-      The engine reports a round that resumes drafting without the drafter's catching up on the context held
-      back meanwhile (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
+      speculative rounds of this batch size realise less than plain steps do (with ``hold_z`` > 0, opt-in, by that
+      many standard errors); a held batch size resumes only once its explored rounds beat plain steps by
+      ``resume_z`` standard errors (the last ``resume_rounds`` of them, ``resume_min_rounds`` at least). The engine
+      reports a round that resumes drafting without the drafter's catching up on the context held back meanwhile
+      (:func:`~adaflash_hf.decoding.proposers.drafter.catch_up_seconds`);
     - the verify-length arms (:class:`~.cap_bandit.CapBandit`, fields ``caps`` to ``cap_prune_every`` and
-      ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice
-      or a fixed length, whichever has realised the most in its bucket; the guard compares plain steps with
-      that arm's rounds;
+      ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice or a
+      fixed length, whichever has realised the most in its bucket; the guard compares plain steps with its rounds;
     - the row slowdown bound (opt-in, ``max_row_slowdown``, :func:`~.goodput.within_slowdown`): in a batch of
       ``min_rows`` rows or more, whatever chose the lengths, drafts are dropped, least likely first, until the
       round's estimated cost (the drafter's pass, ``drafter_cost``, and what a proposing round spends beyond a
