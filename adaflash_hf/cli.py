@@ -100,6 +100,11 @@ COMMANDS: dict[str, Command] = {
         "adaflash_hf.training.vocab:run_prepare_drafter",
         "Attach a reduced draft vocabulary (coverage table) and a datastore of the target's own outputs to a drafter.",
     ),
+    "replay-drafter": Command(
+        "adaflash_hf.training.replay:ReplayDrafterArgs",
+        "adaflash_hf.training.replay:run_replay_drafter",
+        "Drafter-alone tau on held-out prompts, replayed on the target's cached answers (no decoding, no timing).",
+    ),
     "train-drafter": Command(
         "adaflash_hf.training.configs:TrainDrafterConfig",
         "adaflash_hf.training.trainer:train_drafter",

@@ -64,7 +64,7 @@ def read_drafter(name_or_path: str, datastore: bool = True, prior: bool = True, 
     """The drafter in a local folder or Hub repo, as saved, with the files beside its weights attached: the
     datastore (``drafter.adaflash_datastore``, unless not ``datastore``), the retention samples' path and the
     acceptance prior (unless not ``prior``). ``kwargs`` go to ``from_pretrained`` (e.g. ``dtype``)."""
-    source = _drafter_source(name_or_path)
+    source = checked_drafter_source(name_or_path)
     try:
         drafter = AdaFlashDrafter.from_pretrained(source, **kwargs)
     except OSError as error:
@@ -96,7 +96,7 @@ def bundled_presets() -> list[str]:
     )
 
 
-def _drafter_source(name_or_path: str) -> str:
+def checked_drafter_source(name_or_path: str) -> str:
     """A local drafter folder or a Hub id, checked so that a typo gets an error that says what is accepted."""
     bundled = ", ".join(bundled_presets()) or "none installed"
     accepted = (
