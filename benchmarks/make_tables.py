@@ -393,6 +393,35 @@ def training_scaling() -> tuple[list[str], list[str]]:
     return table(header, rows), paths
 
 
+def drafter_replay(path: str) -> tuple[list[str], list[str]]:
+    """Every shipped SmolLM2 drafter replayed on the same held-out answers, against the compute behind it."""
+    data = load(path)
+    by = {(r["drafter"], r["domain"]): r for r in data["results"]}
+    domains = list(dict.fromkeys(r["domain"] for r in data["results"]))
+    rows = []
+    for stage in data["stages"]:
+        overall = by[(stage["commit"], "all")]
+        rows.append(
+            [
+                f"{stage['label']} (`{stage['commit']}`)",
+                f"{stage['cpu_hours']:.1f}",
+                f"{stage['supervised_tokens'] / 1e6:.1f}",
+                *(f"{by[(stage['commit'], d)]['tau']:.2f}" for d in domains),
+                f"{overall['tau_every_anchor']:.2f}",
+                " ".join(f"{a:.2f}" for a in overall["position_acceptance"][:4]),
+            ]
+        )
+    header = [
+        "shipped drafter",
+        "CPU-hours",
+        "supervised tokens (M)",
+        *(f"τ {d}" for d in domains),
+        "τ, every anchor",
+        "acceptance 1-4 (rounds)",
+    ]
+    return table(header, rows), [path]
+
+
 def profile(path: str) -> tuple[list[str], list[str]]:
     """`adaflash profile`: where one round's time goes, per engine configuration, against a plain step."""
     result = load(path)
@@ -587,6 +616,9 @@ TABLES: dict[str, Table] = {
     "soak_opd": Table(soak, tuple(path for path, _ in SOAK_RUNS)),
     "quality": Table(lambda: quality("quality/qwen2.5-coder-1.5b.json"), ("quality/qwen2.5-coder-1.5b.json",)),
     "training_scaling": Table(training_scaling, tuple(path for path, _, _ in TRAINING_RUNS)),
+    "drafter_replay": Table(
+        lambda: drafter_replay("training/smollm2-135m-replay.json"), ("training/smollm2-135m-replay.json",)
+    ),
     "profile_smollm2": Table(lambda: profile("profile/smollm2-135m.json"), ("profile/smollm2-135m.json",)),
     "drafter_runs": Table(lambda: drafter_runs("training/drafter_runs.json"), ("training/drafter_runs.json",)),
     "drafter_depth": Table(
