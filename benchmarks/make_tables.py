@@ -422,6 +422,25 @@ def drafter_replay(path: str) -> tuple[list[str], list[str]]:
     return table(header, rows), [path]
 
 
+def replay(path: str) -> tuple[list[str], list[str]]:
+    """`adaflash replay-drafter`: drafter-alone τ per domain of each drafter it compared."""
+    results = load(path)["results"]
+    domains = list(dict.fromkeys(r["domain"] for r in results))
+    rows = []
+    for name in dict.fromkeys(r["drafter"] for r in results):
+        by = {r["domain"]: r for r in results if r["drafter"] == name}
+        rows.append(
+            [
+                name,
+                *(f"{by[d]['tau']:.2f}" for d in domains),
+                f"{by['all']['tau_every_anchor']:.2f}",
+                " ".join(f"{a:.2f}" for a in by["all"]["position_acceptance"][:4]),
+            ]
+        )
+    header = ["drafter", *(f"τ {d}" for d in domains), "τ, every anchor", "acceptance 1-4 (rounds)"]
+    return table(header, rows), [path]
+
+
 def profile(path: str) -> tuple[list[str], list[str]]:
     """`adaflash profile`: where one round's time goes, per engine configuration, against a plain step."""
     result = load(path)
@@ -618,6 +637,9 @@ TABLES: dict[str, Table] = {
     "training_scaling": Table(training_scaling, tuple(path for path, _, _ in TRAINING_RUNS)),
     "drafter_replay": Table(
         lambda: drafter_replay("training/smollm2-135m-replay.json"), ("training/smollm2-135m-replay.json",)
+    ),
+    "drafter_replay_qwen": Table(
+        lambda: replay("training/qwen2.5-coder-1.5b-replay.json"), ("training/qwen2.5-coder-1.5b-replay.json",)
     ),
     "profile_smollm2": Table(lambda: profile("profile/smollm2-135m.json"), ("profile/smollm2-135m.json",)),
     "drafter_runs": Table(lambda: drafter_runs("training/drafter_runs.json"), ("training/drafter_runs.json",)),
