@@ -598,3 +598,26 @@ def test_train_drafter_prints_the_folder_it_wrote(monkeypatch, capsys):
     monkeypatch.setattr(trainer, "train_drafter", lambda config: Path(config.output_dir) / "drafter")
     assert main(["train-drafter", "--output-dir", "runs/x"]) == 0
     assert capsys.readouterr().out == "runs/x/drafter\n"
+
+
+def test_replay_drafter_command_compares_drafters_on_cached_answers(model_dirs, tmp_path, capsys):
+    target, drafter = model_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w9 w11", "domain": "code"}\n{"prompt": "w7 w8", "domain": "chat"}\n')
+    out, answers = tmp_path / "replay.json", tmp_path / "answers"
+    args = ["replay-drafter", "--target", str(target), "--drafters", f"{drafter},{drafter}", "--prompts", str(prompts)]
+    args += ["--dtype", "fp32", "--max-new-tokens", "6", "--responses-dir", str(answers), "--json", str(out)]
+    import torch
+
+    threads = torch.get_num_threads()
+    assert main(args) == 0
+    torch.set_num_threads(threads)
+    results = json.loads(out.read_text())["results"]
+    assert [(r["domain"]) for r in results] == ["code", "chat", "all"] * 2
+    first, second = results[:3], results[3:]
+    assert [{**r, "drafter": ""} for r in first] == [{**r, "drafter": ""} for r in second]  # the same answers
+    everything = first[2]
+    assert everything["answers"] == 2 and everything["tokens"] == first[0]["tokens"] + first[1]["tokens"]
+    assert 1.0 <= everything["tau"] <= 4.0 and len(everything["position_acceptance"]) == 3  # block 4
+    assert list(answers.rglob("shard_*.safetensors"))  # cached for the next run
+    assert "every anchor" in capsys.readouterr().out
