@@ -64,6 +64,7 @@ def within_slowdown(
     max_slowdown: float,
     overhead: float = 0.0,
     ragged: bool = True,
+    slack: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Trim a batch's verify lengths so that no row's expected time per token exceeds a plain step's by more than
     ``max_slowdown``.
@@ -76,6 +77,11 @@ def within_slowdown(
     (the drafter's pass). lengths (b,) in [1, m + 1], rates (b, m) conditional acceptance rates -> (b,) lengths:
     the chosen drafts are dropped least likely first, keeping the most of them that meet the bound; where none
     does (the proposal alone cost more than the bound allows), the ones whose round comes closest to it.
+
+    ``slack`` (b,), optional: tokens each row is ahead of where plain steps would have brought it in the same time
+    (negative entries count as 0). A row may spend them: its bound becomes ``(overhead + c) / c_0 <= max_slowdown *
+    E_i + slack_i``, so a request that earlier rounds served well does not hold back the batch, and only rows at
+    plain pace, whose latency a slower round would lengthen, set the bound.
     """
     b, m = rates.shape
     drafts = (lengths.cpu() - 1).clamp(0, m)
@@ -96,6 +102,8 @@ def within_slowdown(
         counts = torch.cat([torch.zeros(1, b), torch.nn.functional.one_hot(row_of, b).float().cumsum(0)])
         widths = (counts.max(1).values + 1).long().tolist()  # rectangular: every row as long as the longest
         costs = torch.tensor([cost_model.cost_batch(b, w) for w in widths], dtype=torch.float32)
+    if slack is not None:  # (overhead + c) / c_0 <= s * (E_i + slack_i / s)
+        expected = expected + slack.float().cpu().clamp_min(0)[None, :] / max_slowdown
     slowdown = (overhead + costs) / costs[0] / expected.min(1).values  # (n + 1,)
     feasible = (slowdown <= max_slowdown).nonzero().flatten()
     keep = int(feasible.max()) if len(feasible) else int(slowdown.argmin())

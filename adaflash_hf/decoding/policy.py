@@ -6,9 +6,8 @@ plain decode step). The engine runs one target forward over every row's verify l
 into one ("ragged", so the linear layers see only the real tokens) where the target runs SDPA
 attention, else padded to the longest row.
 
-A policy sees the estimated conditional acceptance of every proposed draft, the drafter's hidden
-states for the block (the adaptive length head reads them) and, optionally, where each row's drafts
-came from; it is told what each round cost and accepted, so it can adapt to the machine and the load.
+A policy sees the estimated acceptance of every draft, the drafter's hidden states (the length head reads them)
+and where each row's drafts came from; it is told what each round cost and accepted, to adapt to machine and load.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 from .cap_bandit import CapBandit
 from .cost import VerifyCostModel
 from .goodput import goodput_verify_len, ragged_verify_lens, within_slowdown
-from .row_trust import RowTrust
+from .row_trust import RowPace, RowTrust
 from .throughput_guard import ThroughputGuard
 
 if TYPE_CHECKING:
@@ -70,10 +69,9 @@ def failed_rows(policy: VerifyLengthPolicy) -> list[int]:
 
 
 def verify_limit(policy: VerifyLengthPolicy) -> int | None:
-    """The most tokens (anchor included) a row may verify in the round :func:`wants_drafts` just allowed, as the
-    policy knows it before anything is proposed (a fixed length, or the verify-length arm it chose); None where
-    it decides only once it sees the proposal. Proposals are cut to it, so look-ups and the draft head do no
-    work past what the round can verify."""
+    """The most tokens (anchor included) a row may verify in the round :func:`wants_drafts` just allowed, known before
+    anything is proposed (a fixed length, or the arm it chose); None where it decides on seeing the proposal.
+    Proposals are cut to it, so look-ups and the draft head do no work past what the round can verify."""
     ask = getattr(policy, "round_verify_limit", None)
     return None if ask is None else ask()
 
@@ -90,8 +88,7 @@ def choose_verify_lens(
     sources: list[str] | None,
     rows: Sequence[Hashable],
 ) -> torch.Tensor:
-    """``policy.verify_lens``, with the batch's row ids where it takes ``rows`` (policies written against the
-    three-argument form keep working)."""
+    """``policy.verify_lens``, with the row ids where it takes ``rows`` (three-argument policies keep working)."""
     if "rows" in _parameters(type(policy).verify_lens):
         return policy.verify_lens(rates, draft_hidden_states, sources, rows=rows)
     return policy.verify_lens(rates, draft_hidden_states, sources)
@@ -105,8 +102,7 @@ def report_round(
     proposed: bool,
     rows: Sequence[Hashable] | None = None,
 ) -> None:
-    """``policy.update`` after a round, with ``proposed`` and the row ids where the policy's ``update`` takes them
-    (policies written against the three-argument form keep working)."""
+    """``policy.update`` after a round, with ``proposed`` and the row ids where its ``update`` takes them."""
     takes = _parameters(type(policy).update)
     extra = {"proposed": proposed} if "proposed" in takes else {}
     if "rows" in takes and rows is not None:
@@ -171,8 +167,8 @@ class GoodputVerifyLength:
       bound by the engine) over a plain step's is at most ``max_row_slowdown`` times the expected tokens of the
       batch's least-served row. A row gains at least one token per round, and every row waits for the whole
       round, so this bounds how much slower than plain decoding any request runs, which is what sets tail
-      latency under load. None (the default): no bound; where it is on, a weak row empties rounds whose
-      proposals were already paid for.
+      latency under load. With ``row_slack`` a row may spend the tokens it is ahead of plain pace
+      (:class:`~.row_trust.RowPace`), so only rows at plain pace set the bound. None (the default): no bound.
 
     Rows whose drafts are rarely accepted are rated by what they got (:class:`~.row_trust.RowTrust`), so their
     expected tokens, and with them the bound, follow the requests actually in the batch.
@@ -207,6 +203,7 @@ class GoodputVerifyLength:
     resume_min_rounds: int = 1
     hold_z: float = 0.0
     max_row_slowdown: float | None = None
+    row_slack: bool = True
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     round_log: Callable[[dict], None] | None = field(default=None, repr=False)  # sees every round update() files
@@ -243,7 +240,7 @@ class GoodputVerifyLength:
             self.resume_min_rounds,
             self.hold_z,
         )
-        self.trust = RowTrust()
+        self.trust, self.pace = RowTrust(), RowPace()
         self.bandit = CapBandit(
             self.caps, self.cap_explore_every, self.cap_prune, self.cap_prune_every, self.min_cap_steps, self.decay
         )
@@ -327,7 +324,8 @@ class GoodputVerifyLength:
             drafter = self.drafter_cost(num_rows) if self.drafter_cost and draft_hidden_states is not None else None
             extra = self.proposal_overhead(num_rows) if self.proposal_overhead else None
             overhead = (drafter or 0.0) + (extra or 0.0)
-            lengths = within_slowdown(lengths, rates, cost_model, self.max_row_slowdown, overhead, self.ragged)
+            slack = self.pace.slack(rows) if self.row_slack and rows is not None and len(rows) == num_rows else None
+            lengths = within_slowdown(lengths, rates, cost_model, self.max_row_slowdown, overhead, self.ragged, slack)
         return lengths
 
     def update(
@@ -361,8 +359,10 @@ class GoodputVerifyLength:
             record = {"rows": rows, "proposed": speculative, "tokens": tokens, "steps": steps, "seconds": seconds}
             self.round_log({**record, **self.guard.round_state(bucket)})
         self.guard.record(bucket, speculative, tokens, steps, self.bandit.best_rate(bucket))
-        if speculative and row_ids is not None and rows >= self.min_rows and len(row_ids) == rows:
-            self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)
+        if row_ids is not None and len(row_ids) == rows:
+            self.pace.update(row_ids, (accept_lengths + 1).tolist(), steps)
+            if speculative and rows >= self.min_rows:
+                self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)
         used, self._used_cap = self._used_cap, None
         # A re-measuring round verifies up to a cap without the slowdown bound: not what its arm runs otherwise.
         remeasured = self.guard.remeasuring

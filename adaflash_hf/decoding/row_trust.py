@@ -73,3 +73,26 @@ class RowTrust:
     def forget(self, rows: Sequence[Hashable]) -> None:
         for row in rows:
             self.sums.pop(row, None)
+
+
+class RowPace:
+    """Tokens each row is ahead of plain decoding: the sum over its rounds of the tokens it gained minus the plain
+    steps the round's time was worth (a plain step gains each row one token), bounded in memory like
+    :class:`RowTrust`. The row slowdown bound lets a row spend what it is ahead (:func:`~.goodput.within_slowdown`)."""
+
+    def __init__(self, max_rows: int = 1024):
+        if max_rows < 1:
+            raise ValueError(f"max_rows={max_rows}: need max_rows >= 1.")
+        self.max_rows = max_rows
+        self.ahead: OrderedDict[Hashable, float] = OrderedDict()
+
+    def update(self, rows: Sequence[Hashable], tokens: Sequence[float], steps: float) -> None:
+        """File a round: row ``rows[i]`` gained ``tokens[i]`` in ``steps`` plain steps' time."""
+        for row, gained in zip(rows, tokens):
+            self.ahead[row] = self.ahead.pop(row, 0.0) + float(gained) - steps
+        while len(self.ahead) > self.max_rows:
+            self.ahead.popitem(last=False)
+
+    def slack(self, rows: Sequence[Hashable]) -> torch.Tensor:
+        """(b,) tokens each row is ahead, 0 for rows behind or not seen."""
+        return torch.tensor([max(0.0, self.ahead.get(row, 0.0)) for row in rows], dtype=torch.float32)

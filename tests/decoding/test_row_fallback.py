@@ -249,3 +249,48 @@ def test_the_slowdown_bound_counts_what_look_ups_and_the_tree_cost():
     assert dear.sum() < lengths.sum() and _slowdown(dear, rates, cost, overhead) <= 1.05
     bounded.proposal_overhead = lambda rows: None  # not measured yet: the forward alone, as before
     assert bounded.verify_lens(rates, None).equal(lengths)
+
+
+def test_a_row_ahead_of_plain_pace_spends_its_lead_instead_of_holding_back_the_batch():
+    from adaflash_hf.decoding.goodput import within_slowdown
+
+    cost = _linear_cost(4, per_token=0.001)
+    rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])  # row 3 gains little from any round
+    chosen = torch.tensor([7, 7, 7, 2])
+    plain_pace = within_slowdown(chosen, rates, cost, 1.05)
+    assert within_slowdown(chosen, rates, cost, 1.05, slack=torch.zeros(4)).equal(plain_pace)
+    assert within_slowdown(chosen, rates, cost, 1.05, slack=torch.tensor([0.0, 0.0, 0.0, -3.0])).equal(plain_pace)
+    # row 3 is 5 tokens ahead: the round's 0.5 plain steps beyond its gain come out of its lead
+    assert within_slowdown(chosen, rates, cost, 1.05, slack=torch.tensor([0.0, 0.0, 0.0, 5.0])).equal(chosen)
+    # a lead on the rows the round serves well changes nothing: row 3 is at plain pace and sets the bound
+    assert within_slowdown(chosen, rates, cost, 1.05, slack=torch.tensor([5.0, 5.0, 5.0, 0.0])).equal(plain_pace)
+    # a small lead buys part of the way: never fewer drafts than at plain pace
+    part = within_slowdown(chosen, rates, cost, 1.05, slack=torch.tensor([0.0, 0.0, 0.0, 0.2]))
+    assert (plain_pace <= part).all() and (part <= chosen).all()
+
+
+def test_row_pace_counts_tokens_gained_against_plain_steps_spent():
+    from adaflash_hf.decoding.row_trust import RowPace
+
+    pace = RowPace(max_rows=2)
+    pace.update(["a", "b"], [3, 1], steps=1.25)  # a: +1.75, b: -0.25
+    pace.update(["a", "b"], [1, 1], steps=1.0)  # a plain step changes nothing
+    assert pace.slack(["a", "b", "new"]).tolist() == pytest.approx([1.75, 0.0, 0.0])
+    pace.update(["c"], [2], steps=1.0)  # bounded: the least recently updated row is forgotten
+    assert set(pace.ahead) == {"b", "c"}
+    with pytest.raises(ValueError, match="max_rows"):
+        RowPace(max_rows=0)
+
+
+def test_the_policy_lets_rows_ahead_of_plain_pace_keep_drafting_under_the_bound():
+    cost = _linear_cost(4, per_token=0.001)
+    rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
+    rows = ["r0", "r1", "r2", "r3"]
+    kwargs = dict(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05, row_trust=False)
+    with_slack, without = GoodputVerifyLength(**kwargs), GoodputVerifyLength(**kwargs, row_slack=False)
+    for policy in (with_slack, without):  # earlier rounds took row 3 six tokens ahead of plain pace
+        policy.update(torch.tensor([0, 0, 0, 6]), torch.tensor([7, 7, 7, 7]), 0.004, proposed=True, rows=rows)
+    assert with_slack.pace.slack(rows)[3] > 5
+    at_pace = without.verify_lens(rates, None, rows=rows)
+    assert _slowdown(at_pace, rates, cost) <= 1.05
+    assert with_slack.verify_lens(rates, None, rows=rows).sum() > at_pace.sum()
