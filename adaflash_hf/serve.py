@@ -68,6 +68,13 @@ class ServeArgs:
             "expected tokens per second at the current load."
         },
     )
+    max_row_slowdown: float | None = field(
+        default=None,
+        metadata={
+            "help": "With the adaptive policy: drop drafts until no request at plain pace decodes more than this "
+            "many times slower than under plain batched decoding (its tail latency), e.g. 1.05; default: no bound."
+        },
+    )
     sources: str = field(
         default="drafter,suffix,global,datastore",
         metadata={
@@ -130,6 +137,11 @@ class ServeArgs:
             )
         if self.verify_len is not None and self.verify_len < 1:
             raise ValueError(f"--verify-len {self.verify_len}: must be >= 1 (omit it for the adaptive policy).")
+        if self.max_row_slowdown is not None and (self.verify_len is not None or not self.max_row_slowdown >= 1):
+            raise ValueError(
+                f"--max-row-slowdown {self.max_row_slowdown}: give a factor >= 1 (e.g. 1.05), and no --verify-len: "
+                "it bounds the adaptive policy's choice."
+            )
         check_choice("--dtype", self.dtype, DTYPES)
         self.drafting()  # validates --sources
         if not 0 < self.opd_duty_cycle <= 1:
@@ -168,7 +180,7 @@ def build_scheduler(args: ServeArgs):
     if args.verify_len:
         policy = FixedVerifyLength(args.verify_len)
     else:
-        policy = adaptive_policy(drafter, args.length_head, args.target)
+        policy = adaptive_policy(drafter, args.length_head, args.target, args.max_row_slowdown)
     opd = None
     if args.opd:
         if drafter is None:

@@ -20,6 +20,8 @@ RESULTS_TABLES = {
     "soak_opd",
     "quality",
     "training_scaling",
+    "drafter_replay",
+    "drafter_replay_qwen",
     "profile_smollm2",
     "held_round",
     "verify_cost",

@@ -52,7 +52,10 @@ class ConcurrencyBenchArgs:
     )
     methods: str = field(
         default="plain,adaflash@16,adaflash@4,adaflash",
-        metadata={"help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N)."},
+        metadata={
+            "help": "Comma-separated: plain, adaflash (adaptive default), adaflash@N (fixed verify length N), "
+            "adaflash~S (adaptive, no request at plain pace more than S times slower than plain, e.g. 1.05)."
+        },
     )
     requests: int = field(
         default=0, metadata={"help": "Requests per method and level (0: twice the concurrency, at least 16)."}
@@ -98,10 +101,13 @@ class ConcurrencyBenchArgs:
             base, _, n = method.partition("@")
             if (
                 base not in METHODS
+                and row_slowdown(base) is None
                 or (n and (base != "adaflash" or not n.isdigit() or int(n) < 1))
                 or (base == "plain" and n)
             ):
-                raise ValueError(f"method {method!r}: choose from plain, adaflash, adaflash@N (N >= 1).")
+                raise ValueError(
+                    f"method {method!r}: choose from plain, adaflash, adaflash@N (N >= 1), adaflash~S (S >= 1)."
+                )
         if self.requests < 0 or self.max_new_tokens < 1 or self.repeats < 1:
             raise ValueError("--requests must be >= 0, --max-new-tokens >= 1 and --repeats >= 1.")
         check_choice("--dtype", self.dtype, DTYPES)
@@ -121,6 +127,16 @@ class ConcurrencyBenchArgs:
     @property
     def method_list(self) -> list[str]:
         return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+
+def row_slowdown(method: str) -> float | None:
+    """S of ``adaflash~S``: the adaptive default with the row slowdown bound S (``--max-row-slowdown`` of serve)."""
+    name, sep, factor = method.partition("~")
+    try:
+        value = float(factor) if name == "adaflash" and sep else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= 1 else None
 
 
 def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int, target_name: str | None = None):
@@ -146,7 +162,7 @@ def make_scheduler(method: str, target, drafter, tokenizer, max_batch_size: int,
         )
     from ..policies import adaptive_policy
 
-    policy = FixedVerifyLength(int(n)) if n else adaptive_policy(drafter, "auto", target_name)
+    policy = FixedVerifyLength(int(n)) if n else adaptive_policy(drafter, "auto", target_name, row_slowdown(base))
     return Scheduler(
         target, drafter, tokenizer, config, drafting_state=DraftingState(), verify_policy=policy, model_name=method
     )

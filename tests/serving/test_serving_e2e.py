@@ -507,3 +507,35 @@ def test_the_concurrency_bench_runs_end_to_end_with_repeats(tmp_path, capsys):
         main(
             ["bench", "--concurrency", "1", "--target", str(tmp_path / "target"), "--prompts", str(prompts), "--debug"]
         )
+
+
+def test_the_row_slowdown_bound_reaches_served_policies_from_serve_and_the_bench():
+    from adaflash_hf.decoding.policy import GoodputVerifyLength
+    from adaflash_hf.policies import adaptive_policy
+    from adaflash_hf.serve import ServeArgs
+    from adaflash_hf.serving.loadtest import ConcurrencyBenchArgs, make_scheduler, row_slowdown
+
+    assert [row_slowdown(m) for m in ("adaflash~1.05", "adaflash~1", "adaflash~0.9", "adaflash~x", "plain~2")] == [
+        1.05,
+        1.0,
+        None,
+        None,
+        None,
+    ]
+    ConcurrencyBenchArgs(methods="plain,adaflash,adaflash~1.05")
+    for bad in ("adaflash~0.5", "adaflash~fast", "plain~1.1"):
+        with pytest.raises(ValueError, match=r"adaflash~S \(S >= 1\)"):
+            ConcurrencyBenchArgs(methods=f"plain,{bad}")
+    target, drafter, tokenizer = tiny_chat_models(max_positions=256)
+    bounded = make_scheduler("adaflash~1.05", target, drafter, tokenizer, max_batch_size=4)
+    default = make_scheduler("adaflash", target, drafter, tokenizer, max_batch_size=4)
+    assert bounded.batch.policy.max_row_slowdown == 1.05 and bounded.batch.policy.row_slack
+    assert getattr(default.batch.policy, "max_row_slowdown", None) is None
+    policy = adaptive_policy(None, max_row_slowdown=1.1)  # no drafter: the engine's goodput policy, bounded
+    assert isinstance(policy, GoodputVerifyLength) and policy.max_row_slowdown == 1.1
+    with pytest.raises(ValueError, match="factor >= 1"):
+        adaptive_policy(None, max_row_slowdown=0.8)
+    with pytest.raises(ValueError, match="--max-row-slowdown 0.5: give a factor >= 1"):
+        ServeArgs(max_row_slowdown=0.5)
+    with pytest.raises(ValueError, match="no --verify-len"):
+        ServeArgs(max_row_slowdown=1.05, verify_len=4)
