@@ -161,14 +161,13 @@ class GoodputVerifyLength:
       ``min_cap_steps``): each speculative round of ``min_rows`` rows or more verifies under the goodput choice or a
       fixed length, whichever has realised the most in its bucket; the guard compares plain steps with its rounds;
     - the row slowdown bound (opt-in, ``max_row_slowdown``, :func:`~.goodput.within_slowdown`): in a batch of
-      ``min_rows`` rows or more, whatever chose the lengths, drafts are dropped, least likely first, until the
-      round's estimated cost (the drafter's pass, ``drafter_cost``, and what a proposing round spends beyond a
-      plain step on look-ups, the draft tree and bookkeeping, ``proposal_overhead``, included; both measured and
-      bound by the engine) over a plain step's is at most ``max_row_slowdown`` times the expected tokens of the
-      batch's least-served row. A row gains at least one token per round, and every row waits for the whole
-      round, so this bounds how much slower than plain decoding any request runs, which is what sets tail
-      latency under load. With ``row_slack`` a row may spend the tokens it is ahead of plain pace
-      (:class:`~.row_trust.RowPace`), so only rows at plain pace set the bound. None (the default): no bound.
+      ``slowdown_min_rows`` rows or more (``min_rows`` at least), drafts are dropped, least likely first, until the
+      round's estimated cost (with the drafter's pass, ``drafter_cost``, and what proposing spends beyond a plain
+      step on look-ups, the tree and bookkeeping, ``proposal_overhead``; both measured by the engine) over a plain
+      step's is at most ``max_row_slowdown`` times the least-served row's expected tokens. Every row waits for the
+      whole round, so this bounds how much slower than plain decoding any request runs: its tail latency under
+      load. With ``row_slack`` a row may spend the tokens it is ahead of plain pace (:class:`~.row_trust.RowPace`),
+      so only rows at plain pace set the bound. None (the default): no bound.
 
     Rows whose drafts are rarely accepted are rated by what they got (:class:`~.row_trust.RowTrust`), so their
     expected tokens, and with them the bound, follow the requests actually in the batch.
@@ -204,6 +203,7 @@ class GoodputVerifyLength:
     hold_z: float = 0.0
     max_row_slowdown: float | None = None
     row_slack: bool = True
+    slowdown_min_rows: int = 12
     drafter_cost: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     proposal_overhead: Callable[[int], float | None] | None = field(default=None, repr=False)  # bound by the engine
     round_log: Callable[[dict], None] | None = field(default=None, repr=False)  # sees every round update() files
@@ -317,7 +317,7 @@ class GoodputVerifyLength:
             lengths = torch.full((num_rows,), goodput_verify_len(rates, cost_model, limit), dtype=torch.long)
         if (
             self.max_row_slowdown is not None
-            and num_rows >= self.min_rows
+            and num_rows >= max(self.min_rows, self.slowdown_min_rows)
             and cost_model.measured
             and not self.guard.remeasuring  # the round re-measures wide forwards the held bucket forgot
         ):  # no request decodes slower than under plain steps by more than max_row_slowdown (its tail latency)

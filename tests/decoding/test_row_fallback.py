@@ -205,12 +205,14 @@ def test_the_slowdown_bound_keeps_every_row_within_it_dropping_the_least_likely_
 def test_the_policy_bounds_each_rows_slowdown_in_batches_and_counts_the_drafters_pass():
     cost = _linear_cost(4, per_token=0.001)
     rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
-    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05, slowdown_min_rows=2)
     free = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=None)
     unbounded = free.verify_lens(rates, None)
     assert _slowdown(unbounded, rates, cost) > 1.05  # the goodput choice alone serves row 3 badly
     lengths = bounded.verify_lens(rates, None)
     assert _slowdown(lengths, rates, cost) <= 1.05 and lengths.sum() < unbounded.sum()
+    larger_only = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
+    assert larger_only.slowdown_min_rows > 4 and larger_only.verify_lens(rates, None).equal(unbounded)
     # a drafter pass that costs half a plain step leaves room for fewer drafts
     bounded.drafter_cost = lambda rows: 0.5 * cost.cost_ragged(rows, rows)
     with_drafter = bounded.verify_lens(rates, torch.zeros(4, 6, 8))  # the drafter proposed this round
@@ -227,7 +229,7 @@ def test_by_default_no_bound_empties_a_round_whose_drafter_pass_is_already_paid_
     rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.15] * 6])  # row 3 gains one token: the bound's limit
     dear = lambda rows: 0.5 * cost.cost_ragged(rows, rows)  # noqa: E731 (the drafter's pass: half a plain step)
     default = GoodputVerifyLength(cost_model=cost, ragged=True, caps=())
-    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05, slowdown_min_rows=2)
     default.drafter_cost = bounded.drafter_cost = dear
     drafted = torch.zeros(4, 6, 8)  # the drafter proposed this round
     assert default.max_row_slowdown is None
@@ -239,7 +241,7 @@ def test_by_default_no_bound_empties_a_round_whose_drafter_pass_is_already_paid_
 def test_the_slowdown_bound_counts_what_look_ups_and_the_tree_cost():
     cost = _linear_cost(4, per_token=0.001)
     rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
-    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05)
+    bounded = GoodputVerifyLength(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05, slowdown_min_rows=2)
     lengths = bounded.verify_lens(rates, None)
     assert lengths.sum() > 4  # some drafts fit the bound with the forward priced alone
     overhead = 0.03 * cost.cost_ragged(4, 4)  # look-ups and the tree at 3 % of a plain step
@@ -286,7 +288,7 @@ def test_the_policy_lets_rows_ahead_of_plain_pace_keep_drafting_under_the_bound(
     cost = _linear_cost(4, per_token=0.001)
     rates = torch.tensor([[0.9] * 6, [0.8] * 6, [0.7] * 6, [0.05] * 6])
     rows = ["r0", "r1", "r2", "r3"]
-    kwargs = dict(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05, row_trust=False)
+    kwargs = dict(cost_model=cost, ragged=True, caps=(), max_row_slowdown=1.05, slowdown_min_rows=4, row_trust=False)
     with_slack, without = GoodputVerifyLength(**kwargs), GoodputVerifyLength(**kwargs, row_slack=False)
     for policy in (with_slack, without):  # earlier rounds took row 3 six tokens ahead of plain pace
         policy.update(torch.tensor([0, 0, 0, 6]), torch.tensor([7, 7, 7, 7]), 0.004, proposed=True, rows=rows)
