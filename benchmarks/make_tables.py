@@ -616,8 +616,8 @@ TABLES: dict[str, Table] = {
     "batch1_smollm2": Table(lambda: batch1("batch1/smollm2-135m.json"), ("batch1/smollm2-135m.json",)),
     "batch1_qwen": Table(lambda: batch1("batch1/qwen2.5-coder-1.5b.json"), ("batch1/qwen2.5-coder-1.5b.json",)),
     "serving_smollm2": Table(
-        lambda: serving("serving/smollm2-135m-validation-fast-relayout.json"),
-        ("serving/smollm2-135m-validation-fast-relayout.json",),
+        lambda: serving("serving/smollm2-135m-validation-row-slack.json"),
+        ("serving/smollm2-135m-validation-row-slack.json",),
     ),
     "serving_smollm2_no_bf16": Table(
         lambda: serving("serving/smollm2-135m-validation-no-bf16.json"),
