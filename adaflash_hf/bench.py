@@ -266,16 +266,9 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
         raise ImportError(
             "adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'"
         ) from error
-    if args.prompts == "eval":
-        from .data import load_prompts
+    from .data.prompts import benchmark_prompts
 
-        rows = []
-        for domain in args.domains.split(","):
-            rows += load_prompts(domain.strip(), split="eval", limit_per_domain=args.num_prompts).to_list()
-        return [{"prompt": r["prompt"], "domain": r["domain"]} for r in rows]
-    from .data import load_prompts_jsonl
-
-    return load_prompts_jsonl(args.prompts).select_columns(["prompt", "domain"]).to_list()[: args.num_prompts]
+    return benchmark_prompts(args.prompts, args.domains, args.num_prompts)
 
 
 def run_bench(args: BenchArgs) -> int:

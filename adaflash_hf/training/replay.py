@@ -163,7 +163,7 @@ def run_replay_drafter(args: ReplayDrafterArgs) -> int:
     import torch
 
     from .._pypi import cache_home
-    from ..bench import load_bench_prompts
+    from ..data.prompts import benchmark_prompts
     from ..drafters import load_drafter
     from ..provenance import machine_summary
     from ..targets import load_target
@@ -173,7 +173,7 @@ def run_replay_drafter(args: ReplayDrafterArgs) -> int:
         torch.set_num_threads(args.num_threads)
     target, tokenizer = load_target(args.target, dtype=args.dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    prompts = load_bench_prompts(args)
+    prompts = benchmark_prompts(args.prompts, args.domains, args.num_prompts)
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in args.target)
     root = Path(args.responses_dir) if args.responses_dir else cache_home() / "replay" / safe
     by_domain: dict[str, list] = {}
