@@ -266,7 +266,7 @@ def load_bench_prompts(args: BenchArgs) -> list[dict]:
         raise ImportError(
             "adaflash bench and profile read prompt sets with `datasets`: pip install 'adaflash-hf[train]'"
         ) from error
-    from .data.prompts import benchmark_prompts
+    from .data import benchmark_prompts
 
     return benchmark_prompts(args.prompts, args.domains, args.num_prompts)
 

@@ -33,6 +33,7 @@ __all__ = [
     "PROMPT_FEATURES",
     "TEXT_FEATURES",
     "as_prompt_dataset",
+    "benchmark_prompts",
     "document_split",
     "eval_half",
     "gsm8k_prompt",
@@ -42,3 +43,14 @@ __all__ = [
     "load_prompts_jsonl",
     "load_text_corpus",
 ]
+
+
+def benchmark_prompts(prompts: str, domains: str, num_prompts: int) -> list[dict]:
+    """A benchmark's prompt set as ``[{prompt, domain}]``: ``prompts="eval"``, the first ``num_prompts`` held-out
+    prompts of each of the comma-separated ``domains``; otherwise the first ``num_prompts`` of a JSONL file."""
+    if prompts == "eval":
+        rows = []
+        for domain in domains.split(","):
+            rows += load_prompts(domain.strip(), split="eval", limit_per_domain=num_prompts).to_list()
+        return [{"prompt": r["prompt"], "domain": r["domain"]} for r in rows]
+    return load_prompts_jsonl(prompts).select_columns(["prompt", "domain"]).to_list()[:num_prompts]

@@ -440,16 +440,3 @@ def load_text_corpus(
         logger.info("%s/%s: %d text chunks", domain, split, len(chosen))
         rows.extend({"text": i.text, "domain": i.domain, "source": i.source, "doc_id": i.doc_id} for i in chosen)
     return Dataset.from_list(rows, features=TEXT_FEATURES)
-
-
-def benchmark_prompts(prompts: str, domains: str, num_prompts: int) -> list[dict]:
-    """A benchmark's prompt set as ``[{prompt, domain}]``: ``prompts="eval"``, the first ``num_prompts`` held-out
-    prompts of each of the comma-separated ``domains``; otherwise the first ``num_prompts`` of a JSONL file."""
-    if prompts == "eval":
-        rows = []
-        for domain in domains.split(","):
-            rows += load_prompts(domain.strip(), split="eval", limit_per_domain=num_prompts).to_list()
-        return [{"prompt": r["prompt"], "domain": r["domain"]} for r in rows]
-    from .user_prompts import load_prompts_jsonl
-
-    return load_prompts_jsonl(prompts).select_columns(["prompt", "domain"]).to_list()[:num_prompts]

@@ -163,7 +163,7 @@ def run_replay_drafter(args: ReplayDrafterArgs) -> int:
     import torch
 
     from .._pypi import cache_home
-    from ..data.prompts import benchmark_prompts
+    from ..data import benchmark_prompts
     from ..drafters import load_drafter
     from ..provenance import machine_summary
     from ..targets import load_target
