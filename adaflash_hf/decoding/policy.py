@@ -337,10 +337,9 @@ class GoodputVerifyLength:
         rows: Sequence[Hashable] | None = None,
     ) -> None:
         """File what the round realised, tokens per row and its time in plain steps of that many rows, with the
-        guard and, for a speculative round of ``min_rows`` rows or more, under the arm it ran. The engine feeds
-        the cost model itself. With the row ids (``rows``) each row's trust learns what its drafts got, and the
-        guard what each row realised (its tail check). ``round_log``, when set, gets each round as the guard sees it
-        (``adaflash bench --round-log``)."""
+        guard and, for a speculative round of ``min_rows`` rows or more, under the arm it ran. With the row ids
+        (``rows``) each row's trust learns what its drafts got, and the guard what each row realised (its tail
+        check). ``round_log``, when set, gets each round as the guard sees it (``adaflash bench --round-log``)."""
         if seconds <= 0 or not len(verify_lens):
             return
         row_ids, (rated, estimates) = rows, self._round_rates or (None, None)
@@ -360,7 +359,8 @@ class GoodputVerifyLength:
             self.round_log({**record, **self.guard.round_state(bucket)})
         self.guard.record(bucket, speculative, tokens, steps, self.bandit.best_rate(bucket))
         if row_ids is not None and len(row_ids) == rows:
-            self.pace.update(row_ids, (accept_lengths + 1).tolist(), steps)
+            if self.max_row_slowdown is not None and self.row_slack:  # only the opt-in bound reads the pace
+                self.pace.update(row_ids, (accept_lengths + 1).tolist(), steps)
             if speculative and rows >= self.min_rows:
                 self.guard.record_rows(bucket, row_ids, (accept_lengths + 1).tolist(), steps)
         used, self._used_cap = self._used_cap, None
