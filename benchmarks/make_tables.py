@@ -344,16 +344,15 @@ def quality(path: str) -> tuple[list[str], list[str]]:
 
 
 TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its torch threads)
-    ("training/smollm2-135m-metrics.jsonl", "shipped run", 1),
-    ("training/smollm2-135m-continuation-metrics.jsonl", "warm-started continuation", 1),
+    ("training/smollm2-135m-metrics.jsonl", "first run, live target forwards", 1),
+    ("training/smollm2-135m-continuation-metrics.jsonl", "continuation, live target forwards", 1),
     ("training/smollm2-135m-cached-responses-metrics.jsonl", "cached features, responses", 1),
     ("training/smollm2-135m-cached-mixed-metrics.jsonl", "cached features, responses + corpus", 1),
     ("training/smollm2-135m-cached-responses-2-metrics.jsonl", "cached features, responses, continued again", 1),
     ("training/smollm2-135m-cached-responses-3-metrics.jsonl", "cached features, responses, a third 85 minutes", 1),
-    ("training/smollm2-135m-cached-sampled-metrics.jsonl", "cached features, greedy + sampled answers, 45 minutes", 2),
-    ("training/smollm2-135m-cached-sampled-2-metrics.jsonl", "greedy + sampled answers, 24,000 steps more", 2),
+    ("training/smollm2-135m-cached-sampled-metrics.jsonl", "cached features, greedy + sampled answers", 2),
+    ("training/smollm2-135m-cached-sampled-2-metrics.jsonl", "greedy + sampled answers, continued", 2),
 )
-MAX_EVALS_SHOWN = 12  # a longer run shows step 0, the first evaluation past each doubling of steps, and its last
 
 
 def nearest(by_step: dict[int, float], step: int) -> float:
@@ -361,35 +360,35 @@ def nearest(by_step: dict[int, float], step: int) -> float:
     return by_step[min(by_step, key=lambda s: abs(s - step))] if by_step else 0.0
 
 
-def thinned(evals: list[dict]) -> list[dict]:
-    """Up to about MAX_EVALS_SHOWN evaluations of a run, spaced by doubling steps (the curve is read on a log scale)."""
-    by_step = {e["step"]: e for e in evals}  # the last step is evaluated again after the loop: keep one
-    steps = sorted(by_step)
-    if len(steps) <= MAX_EVALS_SHOWN:
-        return [by_step[s] for s in steps]
-    first = next((s for s in steps if s > 0), steps[-1])
-    keep, mark = {steps[0], steps[-1]}, first
-    while mark <= steps[-1]:
-        keep.add(next(s for s in steps if s >= mark))
-        mark *= 2
-    return [by_step[s] for s in sorted(keep)]
-
-
 def training_scaling() -> tuple[list[str], list[str]]:
-    """Held-out τ of the SmolLM2-135M drafter at evaluations against supervised tokens and CPU-hours."""
+    """One row per SmolLM2-135M drafter run: its compute, and held-out τ at its first and last evaluation."""
     rows, paths = [], []
     for path, label, threads in TRAINING_RUNS:
         if not (BENCHMARKS / path).exists():
             continue
         records = load_jsonl(path)
         tokens_at = {r["step"]: r["tokens_seen"] for r in records if r["kind"] == "train"}
-        for r in thinned([r for r in records if r["kind"] == "eval"]):
-            accept = " ".join(f"{a:.2f}" for a in r["position_acceptance"][:4])
-            tokens = nearest(tokens_at, r["step"]) if r["step"] else 0.0
-            hours = r["minutes"] * threads / 60
-            rows.append([label, str(r["step"]), f"{hours:.2f}", f"{tokens / 1e6:.2f}", f"{r['tau']:.3f}", accept])
+        evals = sorted({r["step"]: r for r in records if r["kind"] == "eval"}.values(), key=lambda r: r["step"])
+        first, last = evals[0], evals[-1]
+        rows.append(
+            [
+                label,
+                f"{last['step']:,}",
+                f"{last['minutes'] * threads / 60:.2f}",
+                f"{nearest(tokens_at, last['step']) / 1e6:.2f}",
+                f"{first['tau']:.3f} → {last['tau']:.3f}",
+                " ".join(f"{a:.2f}" for a in last["position_acceptance"][:4]),
+            ]
+        )
         paths.append(path)
-    header = ["run", "step", "CPU-hours", "supervised tokens (M)", "held-out τ", "a_1 … a_4"]
+    header = [
+        "run",
+        "steps",
+        "CPU-hours",
+        "supervised tokens (M)",
+        "held-out τ, first → last evaluation",
+        "a_1 … a_4, last",
+    ]
     return table(header, rows), paths
 
 
