@@ -352,6 +352,7 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
     ("training/smollm2-135m-cached-responses-3-metrics.jsonl", "cached features, responses, a third 85 minutes", 1),
     ("training/smollm2-135m-cached-sampled-metrics.jsonl", "cached features, greedy + sampled answers", 2),
     ("training/smollm2-135m-cached-sampled-2-metrics.jsonl", "greedy + sampled answers, continued", 2),
+    ("training/smollm2-135m-cached-prose-metrics.jsonl", "+ news, Wikipedia and fiction answers (not shipped)", 2),
 )
 
 
