@@ -186,7 +186,7 @@ def opd(path: str) -> tuple[list[str], list[str]]:
     throughput = f"Throughput: {on:.1f} tok/s with OPD on" + (f", {off:.1f} off (on/off {on / off:.2f})" if off else "")
     training = (
         f"; {status.get('steps', 0)} training steps in {status.get('train_seconds', 0.0):.1f} s, "
-        f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected "
+        f"{status.get('published', 0)} version(s) published, {status.get('rejected_versions', 0)} rejected "
         f"({status.get('retention_rejections', 0)} by the retention check)."
         if status
         else "."

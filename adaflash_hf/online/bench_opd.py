@@ -329,7 +329,7 @@ def _table(result: dict) -> str:
     if status:
         lines.append(
             f"training: {status.get('steps', 0)} steps in {status.get('train_seconds', 0.0):.1f} s, "
-            f"{status.get('published', 0)} versions published, {status.get('rejected_versions', 0)} rejected "
+            f"{status.get('published', 0)} version(s) published, {status.get('rejected_versions', 0)} rejected "
             f"({status.get('retention_rejections', 0)} of them by the retention check)"
         )
     return "\n".join(lines)

@@ -53,7 +53,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_tokens, by_hours) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (by_tokens, by_hours) = plt.subplots(1, 2, figsize=(11, 5.5))
     ends: list[tuple[float, float]] = []  # (tokens, CPU-hours) at the end of each run, offsets included
     for i, path in enumerate(args.runs):
         points, total_tokens, total_minutes = read_curve(path)
@@ -75,9 +75,10 @@ def main() -> None:
     for ax in (by_tokens, by_hours):
         ax.set_ylabel("held-out tau (teacher-forced)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    handles, names = by_tokens.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=2, fontsize=8, frameon=False)  # below both panels
     fig.suptitle("SmolLM2-135M drafter: held-out tau vs training compute")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05 + 0.03 * ((len(names) + 1) // 2), 1, 1))
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")
 
