@@ -7,6 +7,8 @@ rerun of the same ``output_dir`` resumes where the last one stopped.
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -15,11 +17,43 @@ import torch
 
 from ..modeling_adaflash import AdaFlashDrafter
 
+logger = logging.getLogger(__name__)
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest ``checkpoints/step_N`` under ``output_dir``, or None before the first."""
-    found = sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return found[-1] if found else None
+
+def _steps(output_dir: Path) -> list[Path]:
+    """``checkpoints/step_N`` folders under ``output_dir``, oldest first."""
+    return sorted((output_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def read_checkpoint(checkpoint_dir: str | Path) -> dict:
+    """The contents of ``checkpoint_dir/checkpoint.pt``; a ValueError that says so when it cannot be read."""
+    path = Path(checkpoint_dir) / "checkpoint.pt"
+    try:
+        return torch.load(path, weights_only=False)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as e:
+        reason = f"training checkpoint {path} cannot be read ({e})"
+        raise ValueError(f"{reason}: it is missing, truncated or corrupt") from None
+
+
+def load_latest_checkpoint(output_dir: Path) -> tuple[Path, dict] | None:
+    """The newest readable ``checkpoints/step_N`` under ``output_dir`` and its contents, or None before the first.
+
+    An unreadable newer checkpoint (a disk fault, a partial copy) is skipped with a warning, so a run loses only the
+    steps since the one before it; when none can be read, a ValueError says what to do rather than starting over.
+    """
+    errors = []
+    for path in reversed(_steps(output_dir)):
+        try:
+            return path, read_checkpoint(path)
+        except ValueError as e:
+            logger.warning("%s; trying the checkpoint before it", e)
+            errors.append(str(e))
+    if errors:
+        raise ValueError(
+            f"no checkpoint under {output_dir / 'checkpoints'} can be read ({errors[0]}). Move that folder away to "
+            f"start this run over, or rerun with --no-resume."
+        )
+    return None
 
 
 def trim_metrics(metrics_path: Path, step: int) -> int:
@@ -54,7 +88,7 @@ def save_checkpoint(output_dir: Path, drafter, optimizer, state: dict, generator
     drafter.config.save_pretrained(tmp)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
-    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-2]:
+    for old in _steps(output_dir)[:-2]:
         shutil.rmtree(old)
 
 
@@ -63,6 +97,6 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path) -> Path:
     checkpoint_dir = Path(checkpoint_dir)
     config = AdaFlashDrafter.config_class.from_pretrained(checkpoint_dir)
     drafter = AdaFlashDrafter(config)
-    drafter.load_state_dict(torch.load(checkpoint_dir / "checkpoint.pt", weights_only=False)["drafter"])
+    drafter.load_state_dict(read_checkpoint(checkpoint_dir)["drafter"])
     drafter.to(torch.bfloat16).save_pretrained(out_dir)
     return Path(out_dir)

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..modeling_adaflash import AdaFlashDrafter
 from .anchors import sample_anchors
-from .checkpointing import latest_checkpoint, save_checkpoint, trim_metrics
+from .checkpointing import load_latest_checkpoint, save_checkpoint, trim_metrics
 from .configs import TrainDrafterConfig
 from .data import (
     Batch,
@@ -228,9 +228,9 @@ def train_drafter(
         drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
     )
     state = {"step": 0, "train_minutes": 0.0, "tokens_seen": 0}
-    latest = latest_checkpoint(output_dir) if config.resume else None
-    if latest is not None:
-        ckpt = torch.load(latest / "checkpoint.pt", weights_only=False)
+    resumed = load_latest_checkpoint(output_dir) if config.resume else None
+    if resumed is not None:
+        latest, ckpt = resumed
         drafter.load_state_dict(ckpt["drafter"])
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
@@ -257,7 +257,7 @@ def train_drafter(
 
     metrics_path = output_dir / "metrics.jsonl"
     if processes.is_main:
-        trim_metrics(metrics_path, state["step"] if latest is not None else -1)
+        trim_metrics(metrics_path, state["step"] if resumed is not None else -1)
     metrics = metrics_path.open("a") if processes.is_main else None
 
     def log(record: dict) -> None:
