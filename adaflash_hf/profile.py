@@ -89,6 +89,26 @@ def forward_ms(target, input_ids: torch.Tensor, ks=(1, 2, 4, 8, 16), repeats: in
     return result
 
 
+def new_totals() -> dict:
+    """Summed engine timings (seconds) and counts over generations, as :func:`timed_generate` adds them."""
+    return dict(wall=0.0, prefill=0.0, draft=0.0, verify=0.0, rounds=0, tokens=0)
+
+
+def timed_generate(total: dict, target, drafter, ids, max_new_tokens: int, **kwargs) -> None:
+    """One batch-1 generation through the engine; its wall time and the engine's own per-phase timings are added
+    to ``total`` (see :func:`new_totals`)."""
+    from . import generate
+
+    start = time.perf_counter()
+    out = generate(target, drafter, ids, max_new_tokens=max_new_tokens, **kwargs)
+    total["wall"] += time.perf_counter() - start
+    total["prefill"] += out.stats.prefill_time
+    total["draft"] += out.stats.draft_time
+    total["verify"] += out.stats.verify_time
+    total["rounds"] += out.stats.num_rounds
+    total["tokens"] += out.num_new_tokens[0]
+
+
 def run_profile(args: ProfileArgs) -> int:
     import torch
 
@@ -119,16 +139,9 @@ def run_profile(args: ProfileArgs) -> int:
     rows = {}
     for name, kwargs in configs.items():
         state = DraftingState()
-        total = dict(wall=0.0, prefill=0.0, draft=0.0, verify=0.0, rounds=0, tokens=0)
+        total = new_totals()
         for ids in prompts:
-            start = time.perf_counter()
-            out = generate(target, drafter, ids, max_new_tokens=args.max_new_tokens, drafting_state=state, **kwargs)
-            total["wall"] += time.perf_counter() - start
-            total["prefill"] += out.stats.prefill_time
-            total["draft"] += out.stats.draft_time
-            total["verify"] += out.stats.verify_time
-            total["rounds"] += out.stats.num_rounds
-            total["tokens"] += out.num_new_tokens[0]
+            timed_generate(total, target, drafter, ids, args.max_new_tokens, drafting_state=state, **kwargs)
         rounds = total["rounds"]
         rows[name] = {
             "rounds": rounds,

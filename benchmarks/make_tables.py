@@ -585,6 +585,39 @@ def drafter_depth(path: str) -> tuple[list[str], list[str]]:
     return table(header, rows), [path, *engines]
 
 
+def drafter_cost(path: str) -> tuple[list[str], list[str]]:
+    """A drafter round's cost by depth and block size, and the τ each needs to break even, match and double plain."""
+    data = load(path)
+    results, tau = data["results"], data["args"]["reference_tau"]
+    layers, block = results["reference"]
+    rows = [
+        [
+            str(row["layers"]),
+            str(row["block_size"]),
+            f"{row['propose_ms']:.2f}",
+            f"{row['verify_ms']:.1f}",
+            f"{row['round_ms']:.1f}",
+            f"{row['round_in_plain_steps']:.2f}",
+            f"{row['tau_to_match_reference']:.2f}",
+            f"{row['tau_for_2x']:.2f}",
+        ]
+        for row in results["rows"]
+    ]
+    header = [
+        "layers",
+        "block",
+        "drafter pass, ms",
+        "verification, ms",
+        "round, ms",
+        "round in plain steps (τ to break even)",
+        f"τ to match {layers} layer{'s' if layers > 1 else ''}, block {block} at τ {tau:.2f}",
+        "τ for 2× plain",
+    ]
+    lines = table(header, rows)
+    lines += ["", f"Plain decoding (transformers `generate`): {results['plain_ms_per_token']:.1f} ms per token."]
+    return lines, [path]
+
+
 def training_throughput(path: str) -> tuple[list[str], list[str]]:
     """Supervised predictions per CPU-second with a live target forward per step and with cached features."""
     data = load(path)
@@ -647,6 +680,11 @@ TABLES: dict[str, Table] = {
         lambda: drafter_depth("training/drafter_depth.json"),
         ("training/drafter_depth.json",),
         pending="Not measured yet: see the command under the table's heading in docs/guides/training.md.",
+    ),
+    "drafter_cost": Table(
+        lambda: drafter_cost("training/drafter_cost.json"),
+        ("training/drafter_cost.json",),
+        pending="Not measured yet: run `python benchmarks/training/drafter_cost.py` on an idle machine.",
     ),
     "training_throughput": Table(
         lambda: training_throughput("training/throughput.json"), ("training/throughput.json",)
