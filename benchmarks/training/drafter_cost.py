@@ -3,8 +3,8 @@
 Each configuration is the drafter (default: the bundled one) grown by identity layers (``grow_drafter``: their
 output projections are zero, so at the drafter's own block size every depth proposes exactly what it proposes and
 the rounds are the same) and, for other block sizes, the same weights with a longer or shorter block. Each runs
-the engine's drafter-alone path (``DraftingConfig.only("drafter")``, the whole block verified every round) on
-held-out prompts, and the engine's own per-round timings give the drafter pass and the verification. The
+the engine's drafter-alone path (``DraftingConfig.only("drafter")``, drafting every round and verifying the whole
+block) on held-out prompts, and the engine's own per-round timings give the drafter pass and the verification. The
 configurations alternate within each pass, so machine noise hits them alike; plain decoding (transformers'
 ``generate``) is timed on the same prompts in every pass.
 
@@ -124,12 +124,16 @@ def make_variant(source: Path, folder: Path, layers: int, block: int) -> Path:
 
 def time_configs(target, drafters: dict, prompts: list, args: DrafterCostArgs) -> tuple[dict, float]:
     """Per configuration: the engine's summed timings over every pass; and plain decoding's ms per token."""
+    import dataclasses
+
     import torch
 
     from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
     from adaflash_hf.profile import new_totals, timed_generate
 
-    kwargs = dict(drafting=DraftingConfig.only("drafter"), verify_policy=FixedVerifyLength())
+    # every round drafts (the engine would skip a drafter that does not pay) and verifies the whole block
+    drafting = dataclasses.replace(DraftingConfig.only("drafter"), drafter_every_round=True)
+    kwargs = dict(drafting=drafting, verify_policy=FixedVerifyLength())
     totals = {key: new_totals() for key in drafters}
     plain_s, plain_tokens = 0.0, 0
     for done in range(args.passes):
