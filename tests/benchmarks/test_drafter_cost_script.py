@@ -46,7 +46,15 @@ def test_every_depth_and_block_is_timed_and_grown_layers_keep_the_rounds(folders
     # identity layers: at the drafter's own block every depth drafts the same tokens, so the rounds are the same
     assert rows[(3, 4)]["rounds"] == rows[(1, 4)]["rounds"] and rows[(3, 4)]["tau"] == rows[(1, 4)]["tau"]
     assert rows[(1, 4)]["tau_to_match_reference"] == 1.5
+    # the same tokens verified at every depth of a block: priced once, at their mean
+    for block in (4, 6):
+        same = [r for r in rows.values() if r["block_size"] == block]
+        assert same[0]["verify_pooled_ms"] == same[1]["verify_pooled_ms"]
+        assert same[0]["verify_pooled_ms"] == pytest.approx(sum(r["verify_ms"] for r in same) / 2, abs=1e-3)
     for row in rows.values():
+        assert row["round_pooled_ms"] == pytest.approx(
+            row["round_ms"] - row["verify_ms"] + row["verify_pooled_ms"], abs=2e-3
+        )
         assert row["round_ms"] > 0 and row["propose_ms"] > 0 and row["verify_ms"] > 0
         assert row["tau_for_2x"] == pytest.approx(2 * row["round_in_plain_steps"], abs=1e-3)
     assert "τ for 2×" in capsys.readouterr().out
