@@ -763,6 +763,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="the repository whose markdown is rewritten")
     parser.add_argument("files", nargs="*", type=Path, help="markdown files (default: README.md and docs/**/*.md)")
     args = parser.parse_args(argv)
+    missing = [str(path) for path in args.files if not path.is_file()]
+    if missing:
+        print(
+            f"error: no such markdown file: {', '.join(missing)}; give files that hold table markers "
+            "(or none, for README.md and docs/**/*.md). Tables are named inside the files, as <!-- table: NAME -->.",
+            file=sys.stderr,
+        )
+        return 2
     stale = []
     for path in args.files or markdown_files(args.root):
         text = path.read_text()

@@ -155,3 +155,9 @@ def test_the_serving_table_shows_intervals_only_when_the_json_has_them(make_tabl
         "| verified per accepted token |"
     )
     assert lines[3] == "| 4 | adaflash@4 | 130.0 | 1.30× | 2.00 | 3.00 | 0.100 | 2.00 | 1.50 |"
+
+
+def test_a_missing_file_is_named_in_one_line(make_tables, tmp_path, capsys):
+    assert make_tables.main([str(tmp_path / "drafter_cost")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no such markdown file" in err and "drafter_cost" in err
