@@ -353,6 +353,11 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
     ("training/smollm2-135m-cached-sampled-metrics.jsonl", "cached features, greedy + sampled answers", 2),
     ("training/smollm2-135m-cached-sampled-2-metrics.jsonl", "greedy + sampled answers, continued", 2),
     ("training/smollm2-135m-cached-prose-metrics.jsonl", "+ news, Wikipedia and fiction answers (not shipped)", 2),
+    (
+        "training/smollm2-135m-grown-3-layers-metrics.jsonl",
+        "grown to 3 layers, greedy answers (not shipped; its minutes include 17 stopped for a timing)",
+        2,
+    ),
 )
 
 
