@@ -50,13 +50,13 @@ def test_every_depth_and_block_is_timed_and_grown_layers_keep_the_rounds(folders
     for block in (4, 6):
         same = [r for r in rows.values() if r["block_size"] == block]
         assert same[0]["verify_pooled_ms"] == same[1]["verify_pooled_ms"]
-        assert same[0]["verify_pooled_ms"] == pytest.approx(sum(r["verify_ms"] for r in same) / 2, abs=1e-3)
+        assert same[0]["verify_pooled_ms"] == pytest.approx(sum(r["verify_ms"] for r in same) / 2, abs=2e-3)
     for row in rows.values():
         assert row["round_pooled_ms"] == pytest.approx(
-            row["round_ms"] - row["verify_ms"] + row["verify_pooled_ms"], abs=2e-3
+            row["round_ms"] - row["verify_ms"] + row["verify_pooled_ms"], abs=3e-3
         )
         assert row["round_ms"] > 0 and row["propose_ms"] > 0 and row["verify_ms"] > 0
-        assert row["tau_for_2x"] == pytest.approx(2 * row["round_in_plain_steps"], abs=1e-3)
+        assert row["tau_for_2x"] == pytest.approx(2 * row["round_in_plain_steps"], abs=3e-3)  # both rounded to 3 places
     assert "τ for 2×" in capsys.readouterr().out
 
 
