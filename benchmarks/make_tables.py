@@ -358,6 +358,7 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
         "grown to 3 layers, greedy answers (not shipped; its minutes include 17 stopped for a timing)",
         2,
     ),
+    ("training/smollm2-135m-greedy-1-layer-metrics.jsonl", "1 layer, the same answers and steps (control)", 2),
 )
 
 
