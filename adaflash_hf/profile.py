@@ -109,6 +109,21 @@ def timed_generate(total: dict, target, drafter, ids, max_new_tokens: int, **kwa
     total["tokens"] += out.num_new_tokens[0]
 
 
+def timed_plain_generate(target, ids, max_new_tokens: int, pad_token_id: int | None) -> tuple[float, int]:
+    """Seconds and new tokens of one greedy batch-1 ``target.generate`` (transformers' own loop: the plain baseline)."""
+    import torch
+
+    start = time.perf_counter()
+    out = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_token_id,
+    )
+    return time.perf_counter() - start, out.shape[1] - ids.shape[1]
+
+
 def run_profile(args: ProfileArgs) -> int:
     import torch
 
@@ -153,16 +168,8 @@ def run_profile(args: ProfileArgs) -> int:
             "tokens_per_second": round(total["tokens"] / total["wall"], 2),
         }
     for ids in prompts:
-        start = time.perf_counter()
-        out = target.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=args.max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-        )
-        plain_s += time.perf_counter() - start
-        plain_tokens += out.shape[1] - ids.shape[1]
+        seconds, tokens = timed_plain_generate(target, ids, args.max_new_tokens, pad)
+        plain_s, plain_tokens = plain_s + seconds, plain_tokens + tokens
     step_ms = plain_s / plain_tokens * 1e3
     context = torch.cat(prompts, dim=1)[:, :256]
     forwards = forward_ms(target, context)

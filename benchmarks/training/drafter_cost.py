@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,14 +121,12 @@ def make_variant(source: Path, folder: Path, layers: int, block: int) -> Path:
     return folder
 
 
-def time_configs(target, drafters: dict, prompts: list, args: DrafterCostArgs) -> tuple[dict, float]:
+def time_configs(target, drafters: dict, prompts: list, args: DrafterCostArgs, pad_token_id) -> tuple[dict, float]:
     """Per configuration: the engine's summed timings over every pass; and plain decoding's ms per token."""
     import dataclasses
 
-    import torch
-
     from adaflash_hf import DraftingConfig, DraftingState, FixedVerifyLength
-    from adaflash_hf.profile import new_totals, timed_generate
+    from adaflash_hf.profile import new_totals, timed_generate, timed_plain_generate
 
     # every round drafts (the engine would skip a drafter that does not pay) and verifies the whole block
     drafting = dataclasses.replace(DraftingConfig.only("drafter"), drafter_every_round=True)
@@ -142,12 +139,8 @@ def time_configs(target, drafters: dict, prompts: list, args: DrafterCostArgs) -
                 state = DraftingState()  # every prompt starts cold: the rounds depend on the drafter alone
                 timed_generate(totals[key], target, drafter, ids, args.max_new_tokens, drafting_state=state, **kwargs)
         for ids in prompts:
-            start = time.perf_counter()
-            out = target.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False
-            )
-            plain_s += time.perf_counter() - start
-            plain_tokens += out.shape[1] - ids.shape[1]
+            seconds, tokens = timed_plain_generate(target, ids, args.max_new_tokens, pad_token_id)
+            plain_s, plain_tokens = plain_s + seconds, plain_tokens + tokens
         print(f"[drafter-cost] pass {done + 1}/{args.passes} done", file=sys.stderr)
     return totals, plain_s / plain_tokens * 1e3
 
@@ -242,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         for layers in args.depths:
             folder = make_variant(source, workdir / f"L{layers}-B{block}", layers, block)
             drafters[(layers, block)] = load_drafter(str(folder), target, target_name=args.target, datastore=False)
+    pad = tokenizer.pad_token_id
     warm = encode_prompt(tokenizer, "Hi!").to(target.device)
     with torch.inference_mode():
-        time_configs(target, drafters, [warm], DrafterCostArgs(**{**vars(args), "passes": 1, "max_new_tokens": 8}))
-        totals, plain_ms = time_configs(target, drafters, prompts, args)
+        time_configs(target, drafters, [warm], DrafterCostArgs(**{**vars(args), "passes": 1, "max_new_tokens": 8}), pad)
+        totals, plain_ms = time_configs(target, drafters, prompts, args, pad)
     rows = summarise(totals, plain_ms, reference, len(prompts) * args.passes, args)
     print_table(rows, plain_ms, args.reference_tau)
     if args.json:
