@@ -54,6 +54,15 @@ class TrainDrafterConfig:
     gamma: float | None = field(
         default=None, metadata={"help": "Position decay exp(-(k-1)/gamma) (default: 7 for block 16, 4 for block 8)."}
     )
+    position_weighting: str = field(
+        default="decay",
+        metadata={
+            "help": "How block positions are weighted in the training loss: 'decay' (exp(-(k-1)/gamma), DFlash) or "
+            "'reach' (each block's own probability, under the drafter, of drafting positions 1..k-1 correctly). "
+            "Held-out loss is always reported with the decay.",
+            "choices": ("decay", "reach"),
+        },
+    )
     loss_positions: int | None = field(
         default=None,
         metadata={"help": "Supervise only block positions 1..loss_positions (default: all block_size - 1)."},
@@ -239,6 +248,7 @@ class TrainDrafterConfig:
         if not self.train_domains:
             raise ValueError("train_domains is empty.")
         check_choice("init_layers", self.init_layers, ("random", "target"))
+        check_choice("position_weighting", self.position_weighting, ("decay", "reach"))
         if self.feature_cache is not None and not (Path(self.feature_cache) / "meta.json").exists():
             raise FileNotFoundError(
                 f"feature_cache {self.feature_cache}: not a feature cache (no meta.json); build it with "

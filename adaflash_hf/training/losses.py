@@ -32,6 +32,21 @@ def position_weights(block_size: int, gamma: float, num_positions: int | None = 
     return torch.exp(-torch.arange(num, dtype=torch.float32) / gamma)
 
 
+def reach_weights(label_log_probs: torch.Tensor, floor: float = -30.0) -> torch.Tensor:
+    """(..., K) log-probabilities the drafter gives each block position's label -> (..., K) reach weights.
+
+    The weight of position k is prod_{j<k} p_j: the drafter's own probability of having drafted positions
+    1..k-1 correctly, which is how often verification gets to see position k at all. It replaces the fixed
+    exp(-(k-1)/gamma) decay, a batch-wide guess at the same quantity, with each block's own. Position 1
+    weighs 1; a block whose first position the drafter gets wrong teaches little about its later ones.
+    Detached: the weights steer the loss, they are not optimised. A position without a label should carry
+    log-probability 0 (it neither helps nor hurts reach); ``floor`` bounds -inf (a label the drafter cannot
+    emit) so the running sum stays finite.
+    """
+    lp = label_log_probs.detach().float().clamp_min(floor)
+    return torch.exp(lp.cumsum(-1) - lp)  # exclusive running product
+
+
 def _weighted_mean(
     per_position: torch.Tensor,
     labels: torch.Tensor,

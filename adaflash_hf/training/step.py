@@ -10,6 +10,7 @@ KL); :func:`acceptance_counts` turns predictions into teacher-forced acceptance.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from ..modeling_adaflash import AdaFlashDrafter
 from ..targets import resolve_dtype
 from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids
 from .data import IGNORE_INDEX, Batch, TargetFeatures
-from .losses import decayed_cross_entropy, decayed_forward_kl
+from .losses import decayed_cross_entropy, decayed_forward_kl, reach_weights
 
 
 def compute_dtype(device: torch.device | str, target_dtype: torch.dtype) -> torch.dtype:
@@ -124,6 +125,7 @@ def drafter_block_forward(
     consistent_labels: bool,
     distill_weight: float = 0.0,
     mean_over_processes: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    reach_weighted: bool = False,
 ) -> BlockOutput:
     """Offline step: drafter forward over every block, lm_head only on labelled positions, weighted loss.
 
@@ -132,7 +134,9 @@ def drafter_block_forward(
     block positions 1..K (K <= block_size - 1). Loss: CE on the target's argmax + distill_weight *
     KL(p_target || p_draft). With ``mean_over_processes`` (data-parallel training: a tensor's mean over the
     processes) each weighted sum is divided by the mean weight of the processes' rows instead of its own, so
-    the mean of the processes' losses, and of their gradients, is those of the whole batch.
+    the mean of the processes' losses, and of their gradients, is those of the whole batch. With
+    ``reach_weighted`` each position is weighted by the drafter's own probability of reaching it
+    (:func:`.losses.reach_weights`) instead of ``weights`` (which then only sets K).
     """
     context, labels = features.context, features.labels
     block_size = extract_model_from_parallel(drafter).config.block_size
@@ -156,6 +160,14 @@ def drafter_block_forward(
     logits = draft_logits(drafter, lm_head, hidden[valid])  # (n, V_draft): only labelled positions pay the lm_head
     labels_flat = to_draft_ids(block_lab[valid], drafter, lm_head.weight.shape[0])
     flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
+    if reach_weighted:
+        with torch.no_grad():
+            label_lp = torch.full_like(labels_flat, -math.inf, dtype=torch.float32)  # outside the draft vocabulary
+            inside = labels_flat != IGNORE_INDEX
+            label_lp[inside] = F.log_softmax(logits[inside].float(), -1).gather(1, labels_flat[inside, None])[:, 0]
+            block_lp = torch.zeros(block_lab.shape, dtype=torch.float32, device=device)
+            block_lp[valid] = label_lp
+            flat_weights = reach_weights(block_lp)[valid]
     ce_total = kl_total = None
     if mean_over_processes is not None:  # every process takes part, whether it has labels or not
         local = torch.stack([(flat_weights * (labels_flat != IGNORE_INDEX)).sum(), flat_weights.sum()])

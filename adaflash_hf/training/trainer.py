@@ -329,6 +329,7 @@ def train_drafter(
                     config.consistent_labels,
                     config.distill_weight,
                     processes.mean_fn(),
+                    reach_weighted=config.position_weighting == "reach",
                 )
                 accelerator.backward(out.loss / config.grad_accum)
             accepted.append(acceptance_counts(out.predictions.cpu(), out.labels.cpu())[0])

@@ -27,8 +27,9 @@ from adaflash_hf.training.losses import (
     decayed_forward_kl,
     opd_loss,
     position_weights,
+    reach_weights,
 )
-from adaflash_hf.training.step import acceptance_counts
+from adaflash_hf.training.step import acceptance_counts, drafter_block_forward
 
 MASK = 3
 
@@ -104,6 +105,50 @@ def test_opd_loss_is_ce_when_alpha_one_and_kl_mix_otherwise():
     mixed = opd_loss(draft, target, labels, w, alpha=0.8, clip=0.01)
     ce = decayed_cross_entropy(draft, labels, w)
     assert 0.8 * ce <= mixed <= 0.8 * ce + 0.2 * 0.01 + 1e-6
+
+
+def test_reach_weights_are_the_drafters_probability_of_getting_that_far():
+    p = torch.tensor([[0.5, 0.4, 0.9, 0.2], [1.0, 1.0, 1.0, 1.0]], requires_grad=True)
+    w = reach_weights(p.log())
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.5, 0.2, 0.18], [1.0, 1.0, 1.0, 1.0]]))
+    assert not w.requires_grad  # the weights steer the loss; they are not optimised
+    # a label the drafter cannot emit (log p = -inf) ends the block: nothing after it weighs anything, no NaN
+    blocked = reach_weights(torch.tensor([0.0, -float("inf"), 0.0]))
+    assert blocked[:2].tolist() == [1.0, 1.0] and 0 <= blocked[2] < 1e-12
+
+
+def test_reach_weighted_forward_weighs_each_position_by_the_blocks_own_reach():
+    """drafter_block_forward with reach weighting == CE weighted by the running product of the drafter's own
+    label probabilities, recomputed here from the logits it saw; positions after a certain miss get no gradient."""
+    from adaflash_hf.training.data import TrainingSequence, collate, target_features
+
+    target = tiny_target().float()
+    torch.manual_seed(3)
+    drafter = AdaFlashDrafter.from_target(target, num_layers=1, block_size=4, mask_token_id=MASK).float()
+    ids = torch.randint(4, 64, (2, 20))
+    batch = collate([TrainingSequence(input_ids=row, start=2) for row in ids], pad_token_id=2)
+    features = target_features(target, batch, drafter.config.target_layer_ids)
+    anchors, valid = torch.tensor([[3, 9], [5, 12]]), torch.ones(2, 2, dtype=torch.bool)
+    decay = position_weights(4, 4.0)
+    # labels the target's argmax at every position (no consistency cut): every block position is labelled
+    plain = drafter_block_forward(drafter, target, batch, features, anchors, valid, decay, False)
+    reach = drafter_block_forward(drafter, target, batch, features, anchors, valid, decay, False, reach_weighted=True)
+    assert torch.equal(plain.labels, reach.labels) and bool((plain.labels != -100).all())
+
+    assert drafter.draft_vocab is None  # the full vocabulary: the labels index the logits directly
+    with torch.no_grad():  # the same forward, by hand
+        hidden = drafter(
+            noise_embeds=target.get_input_embeddings()(block_input_ids(batch.input_ids, anchors, 4, MASK)),
+            context_hidden_states=features.context,
+            position_ids=torch.cat([torch.arange(20).expand(2, -1), block_position_ids(anchors, 4)], dim=1),
+            attention_mask=block_attention_mask(anchors, 20, 4, torch.float32),
+        ).last_hidden_state.view(2, 2, 4, -1)[:, :, 1:]
+        lp = torch.log_softmax(target.get_output_embeddings()(hidden), -1).gather(-1, reach.labels[..., None])[..., 0]
+    w = torch.exp(torch.cumsum(lp, -1) - lp)  # (b, A, K): 1, p_1, p_1 p_2
+    assert bool((w[..., 0] == 1).all()) and bool((w[..., 1:] < 1).all())
+    torch.testing.assert_close(reach.loss, -(lp * w).sum() / w.sum(), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(plain.loss, -(lp * decay).sum() / (decay.sum() * 4), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(reach.loss, plain.loss)
 
 
 # ---------------------------------------------------------------------------------------------- anchors
@@ -305,6 +350,8 @@ def test_config_validates_with_clear_errors():
         TrainDrafterConfig(output_dir="x", block_size=8, loss_positions=8)
     with pytest.raises(ValueError, match="corpus_fraction"):
         TrainDrafterConfig(output_dir="x", corpus_fraction=1.5)
+    with pytest.raises(ValueError, match="position_weighting 'fixed' is not allowed: choose one of decay, reach"):
+        TrainDrafterConfig(output_dir="x", position_weighting="fixed")
     assert TrainDrafterConfig(output_dir="x", block_size=16).gamma == 7.0
 
 
