@@ -343,7 +343,7 @@ def quality(path: str) -> tuple[list[str], list[str]]:
     return table(header, rows), [path]
 
 
-TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its torch threads)
+TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its torch threads (mean if mixed))
     ("training/smollm2-135m-metrics.jsonl", "first run, live target forwards", 1),
     ("training/smollm2-135m-continuation-metrics.jsonl", "continuation, live target forwards", 1),
     ("training/smollm2-135m-cached-responses-metrics.jsonl", "cached features, responses", 1),
@@ -359,6 +359,8 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
         2,
     ),
     ("training/smollm2-135m-greedy-1-layer-metrics.jsonl", "1 layer, the same answers and steps (control)", 2),
+    # 1 thread for its first 16.1 minutes (to step 2,250), then 2 for 11.2: 38.5 CPU-minutes over 27.3
+    ("training/smollm2-135m-greedy-reach-metrics.jsonl", "the control with reach weighting", 38.5 / 27.3),
 )
 
 

@@ -179,6 +179,13 @@ class TrainDrafterConfig:
             "and labels from it, so a step runs only the drafter."
         },
     )
+    feature_cache_shards: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train on only the first N finished shards of --feature-cache, in name order (default: all), so a "
+            "run can be repeated on the data an earlier run saw after the cache has grown."
+        },
+    )
     init_layers: str = field(
         default="random",
         metadata={
@@ -253,6 +260,10 @@ class TrainDrafterConfig:
             raise FileNotFoundError(
                 f"feature_cache {self.feature_cache}: not a feature cache (no meta.json); build it with "
                 "`adaflash cache-features`."
+            )
+        if self.feature_cache_shards is not None and (self.feature_cache is None or self.feature_cache_shards < 1):
+            raise ValueError(
+                f"feature_cache_shards {self.feature_cache_shards}: needs --feature-cache and a count >= 1."
             )
         if self.feature_cache is not None and self.distill_weight > 0:
             raise ValueError(

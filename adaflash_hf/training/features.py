@@ -251,7 +251,9 @@ class FeatureStore:
     Pages are read from disk as batches touch them, so RAM stays flat however large the cache is.
     """
 
-    def __init__(self, cache_dir: str | Path):
+    def __init__(self, cache_dir: str | Path, max_shards: int | None = None):
+        """``max_shards``: read only the first N finished shards, in name order (a run on a cache that has since
+        grown sees the data it saw then)."""
         self.cache_dir = Path(cache_dir)
         meta_path = self.cache_dir / "meta.json"
         if not meta_path.exists():
@@ -271,6 +273,8 @@ class FeatureStore:
             folder = self.cache_dir / name
             if not folder.is_dir():
                 continue
+            if max_shards is not None and len(self._shards) >= max_shards:
+                break
             arrays = {
                 key: np.load(folder / f"{key}.npy", mmap_mode="r")
                 for key in ("ids", "labels", "context", "offsets", "starts")

@@ -175,7 +175,7 @@ def train_drafter(
         if config.feature_cache is not None:  # responses and their target features, computed once
             from .features import FeatureStore
 
-            store = FeatureStore(config.feature_cache)
+            store = FeatureStore(config.feature_cache, config.feature_cache_shards)
             pools = {kind: store.indices(kind) for kind in ("response", "corpus")}  # pool index -> store index
             self_gen = [store.training_sequence(i) for i in pools["response"]]
         elif config.corpus_fraction < 1.0 and config.self_gen_cached_only:

@@ -36,7 +36,11 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="metrics.jsonl of a run, then of runs that continued it")
     parser.add_argument("--labels", nargs="*", default=None)
     parser.add_argument(
-        "--threads", nargs="*", type=int, default=None, help="torch threads of each run (default: 1 each)"
+        "--threads",
+        nargs="*",
+        type=float,
+        default=None,
+        help="torch threads of each run, a mean where a run changed them (default: 1 each)",
     )
     parser.add_argument(
         "--continues",

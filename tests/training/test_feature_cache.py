@@ -120,6 +120,9 @@ def test_feature_cache_resumes_and_refuses_mismatches(tmp_path):
     first = (cache / "shard_00000" / "context.npy").stat().st_mtime_ns
     build_feature_cache(target, _Tokenizer(), tmp_path / "data", cache, LAYERS, "tiny")
     assert len(FeatureStore(cache)) == 9
+    first_shard = FeatureStore(cache, max_shards=1)  # the data a run saw when only the first shard was finished
+    assert len(first_shard) == 3
+    assert torch.equal(first_shard.batch([0, 2], 2)[0].input_ids, FeatureStore(cache).batch([0, 2], 2)[0].input_ids)
     assert (cache / "shard_00000" / "context.npy").stat().st_mtime_ns == first  # finished shards are kept
     with pytest.raises(ValueError, match="another configuration"):
         build_feature_cache(target, _Tokenizer(), tmp_path / "data", cache, [1, 2], "tiny")

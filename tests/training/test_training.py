@@ -352,6 +352,8 @@ def test_config_validates_with_clear_errors():
         TrainDrafterConfig(output_dir="x", corpus_fraction=1.5)
     with pytest.raises(ValueError, match="position_weighting 'fixed' is not allowed: choose one of decay, reach"):
         TrainDrafterConfig(output_dir="x", position_weighting="fixed")
+    with pytest.raises(ValueError, match="feature_cache_shards 3: needs --feature-cache"):
+        TrainDrafterConfig(output_dir="x", feature_cache_shards=3)
     assert TrainDrafterConfig(output_dir="x", block_size=16).gamma == 7.0
 
 
