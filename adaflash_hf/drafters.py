@@ -74,16 +74,16 @@ def read_drafter(name_or_path: str, datastore: bool = True, prior: bool = True, 
         raise OSError(
             f"drafter {name_or_path!r} is no local folder, and loading it from the Hub failed: {reason}"
         ) from error
-    path = drafter_file(name_or_path, DATASTORE_FILE) if datastore else None
+    path = drafter_file(source, DATASTORE_FILE) if datastore else None
     if path is not None:
         drafter.adaflash_datastore = load_datastore(path)
         logger.info(
             "datastore: %d tokens of the target's own outputs from %s", drafter.adaflash_datastore.num_tokens, path
         )
-    path = drafter_file(name_or_path, RETENTION_FILE)
+    path = drafter_file(source, RETENTION_FILE)
     if path is not None:  # read by OPD only (its retention check), so it is not opened here
         drafter.adaflash_retention_file = str(path)
-    path = drafter_file(name_or_path, PRIOR_FILE) if prior else None
+    path = drafter_file(source, PRIOR_FILE) if prior else None
     if path is not None:
         drafter.adaflash_acceptance_prior = load_acceptance_prior(path)
     return drafter
@@ -122,7 +122,7 @@ def checkpoint_source(name_or_path: str, what: str, accepted: str) -> str:
 
 def drafter_file(name_or_path: str, filename: str) -> Path | None:
     """A file that ships beside the drafter's weights (local folder or Hub repo), or None when there is none."""
-    local = Path(name_or_path)
+    local = Path(name_or_path).expanduser()
     if local.is_dir():
         path = local / filename
         return path if path.is_file() else None

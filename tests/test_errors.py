@@ -171,6 +171,19 @@ def test_load_drafter_says_what_it_accepts(target, tmp_path):
         load_drafter(str(tmp_path / "file.bin"), target)
 
 
+def test_a_drafter_folder_under_home_keeps_its_datastore(drafter, target, tmp_path, monkeypatch):
+    """``~/...`` (as in a comma-separated list, where no shell expands it) names the folder and the files beside
+    its weights alike (the datastore was looked up on the Hub before)."""
+    from adaflash_hf import load_drafter
+    from adaflash_hf.decoding.datastore_file import save_datastore
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    drafter.save_pretrained(tmp_path / "runs" / "d")
+    save_datastore([[5, 6, 7, 8, 5, 6, 7, 9]], tmp_path / "runs" / "d" / "datastore.safetensors")
+    loaded = load_drafter("~/runs/d", target)
+    assert loaded.adaflash_datastore.num_tokens == 8
+
+
 def test_a_drafter_config_missing_fields_names_them(drafter, tmp_path):
     import json
 
