@@ -361,6 +361,11 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
     ("training/smollm2-135m-greedy-1-layer-metrics.jsonl", "1 layer, the same answers and steps (control)", 2),
     # 1 thread for its first 16.1 minutes (to step 2,250), then 2 for 11.2: 38.5 CPU-minutes over 27.3
     ("training/smollm2-135m-greedy-reach-metrics.jsonl", "the control with reach weighting", 38.5 / 27.3),
+    (
+        "training/smollm2-135m-cached-prose-reach-metrics.jsonl",
+        "the seventh stage with reach weighting (not shipped)",
+        2,
+    ),
 )
 
 
