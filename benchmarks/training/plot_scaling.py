@@ -72,8 +72,9 @@ def main() -> None:
         hours = [offset_hours + m * threads / 60 for _, m, _ in points]
         taus = [tau for _, _, tau in points]
         marker = "o" if len(points) <= 30 else None
-        by_tokens.plot(xs, taus, marker=marker, label=label)
-        by_hours.plot(hours, taus, marker=marker, label=label)
+        color = plt.get_cmap("tab20")(i % 20)  # one colour per run (the default cycle repeats after 10)
+        by_tokens.plot(xs, taus, marker=marker, label=label, color=color)
+        by_hours.plot(hours, taus, marker=marker, label=label, color=color)
     by_tokens.set_xlabel("supervised tokens (millions)")
     by_hours.set_xlabel("CPU-hours")
     for ax in (by_tokens, by_hours):
