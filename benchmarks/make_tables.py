@@ -366,6 +366,11 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
         "the seventh stage with reach weighting (not shipped)",
         2,
     ),
+    (
+        "training/smollm2-135m-greedy-gamma-1.5-metrics.jsonl",
+        "the control with a steeper decay, γ 1.5 (not shipped)",
+        2,
+    ),
 )
 
 
