@@ -363,7 +363,7 @@ TRAINING_RUNS = (  # (metrics.jsonl of `adaflash train-drafter`, which run, its 
     ("training/smollm2-135m-greedy-reach-metrics.jsonl", "the control with reach weighting", 38.5 / 27.3),
     (
         "training/smollm2-135m-cached-prose-reach-metrics.jsonl",
-        "the seventh stage with reach weighting (not shipped)",
+        "the seventh stage with reach weighting, to step 15,000 (not shipped yet)",
         2,
     ),
     (
