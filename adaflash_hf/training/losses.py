@@ -47,7 +47,7 @@ def reach_weights(label_log_probs: torch.Tensor, floor: float = -30.0) -> torch.
     return torch.exp(lp.cumsum(-1) - lp)  # exclusive running product
 
 
-def _weighted_mean(
+def weighted_mean(
     per_position: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor,
@@ -76,11 +76,15 @@ def decayed_cross_entropy(
     shape broadcastable to labels, e.g. (n,) for a flat list of n gathered positions with logits (n, V)).
     Returns a scalar: sum w_nk CE_nk / sum w_nk over valid (n, k), or / ``total`` when given.
     """
+    return weighted_mean(label_cross_entropy(logits, labels, ignore_index), labels, weights, ignore_index, total)
+
+
+def label_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Cross-entropy of each label, (..., V), (...) -> (...); 0 where ``labels == ignore_index``."""
     ce = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.flatten().clamp_min(0), reduction="none"
-    ).view(labels.shape)  # (N, K)
-    ce = ce.masked_fill(labels == ignore_index, 0.0)
-    return _weighted_mean(ce, labels, weights, ignore_index, total)
+    ).view(labels.shape)
+    return ce.masked_fill(labels == ignore_index, 0.0)
 
 
 def decayed_forward_kl(
@@ -101,7 +105,7 @@ def decayed_forward_kl(
     log_q = F.log_softmax(draft_logits.float(), dim=-1)
     log_p = F.log_softmax(target_logits.detach().float(), dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).masked_fill(labels == ignore_index, 0.0)  # (...)
-    return _weighted_mean(kl, labels, weights, ignore_index, total)
+    return weighted_mean(kl, labels, weights, ignore_index, total)
 
 
 def clipped_reverse_kl(draft_logits: torch.Tensor, target_logits: torch.Tensor, clip: float) -> torch.Tensor:
@@ -135,7 +139,7 @@ def opd_loss(
     )  # (N, K)
     kl = clipped_reverse_kl(draft_logits, target_logits, clip)  # (N, K)
     per_position = _mix(ce, kl, alpha).masked_fill(labels == ignore_index, 0.0)
-    return _weighted_mean(per_position, labels, weights, ignore_index)
+    return weighted_mean(per_position, labels, weights, ignore_index)
 
 
 def topk_reverse_kl(

@@ -23,7 +23,7 @@ from ..modeling_adaflash import AdaFlashDrafter
 from ..targets import resolve_dtype
 from .anchors import block_attention_mask, block_input_ids, block_labels, block_position_ids
 from .data import IGNORE_INDEX, Batch, TargetFeatures
-from .losses import decayed_cross_entropy, decayed_forward_kl, reach_weights
+from .losses import decayed_forward_kl, label_cross_entropy, reach_weights, weighted_mean
 
 
 def compute_dtype(device: torch.device | str, target_dtype: torch.dtype) -> torch.dtype:
@@ -160,20 +160,17 @@ def drafter_block_forward(
     logits = draft_logits(drafter, lm_head, hidden[valid])  # (n, V_draft): only labelled positions pay the lm_head
     labels_flat = to_draft_ids(block_lab[valid], drafter, lm_head.weight.shape[0])
     flat_weights = weights.to(device).expand(b, num_anchors, -1)[valid]  # (n,)
-    if reach_weighted:
-        with torch.no_grad():
-            label_lp = torch.full_like(labels_flat, -math.inf, dtype=torch.float32)  # outside the draft vocabulary
-            inside = labels_flat != IGNORE_INDEX
-            label_lp[inside] = F.log_softmax(logits[inside].float(), -1).gather(1, labels_flat[inside, None])[:, 0]
-            block_lp = torch.zeros(block_lab.shape, dtype=torch.float32, device=device)
-            block_lp[valid] = label_lp
-            flat_weights = reach_weights(block_lp)[valid]
+    ce = label_cross_entropy(logits, labels_flat)  # (n,): once, for the loss and for reach weights
+    if reach_weighted:  # log p of each label is -CE; a label outside the draft vocabulary cannot be drafted
+        block_lp = torch.zeros(block_lab.shape, dtype=torch.float32, device=device)
+        block_lp[valid] = (-ce.detach()).masked_fill(labels_flat == IGNORE_INDEX, -math.inf)
+        flat_weights = reach_weights(block_lp)[valid]
     ce_total = kl_total = None
     if mean_over_processes is not None:  # every process takes part, whether it has labels or not
         local = torch.stack([(flat_weights * (labels_flat != IGNORE_INDEX)).sum(), flat_weights.sum()])
         ce_total, kl_total = mean_over_processes(local).unbind()
     loss = (
-        decayed_cross_entropy(logits, labels_flat, flat_weights, total=ce_total)
+        weighted_mean(ce, labels_flat, flat_weights, IGNORE_INDEX, ce_total)
         if bool((labels_flat != IGNORE_INDEX).any())
         else logits.sum() * 0
     )
